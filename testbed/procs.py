@@ -1,0 +1,134 @@
+"""A small process supervisor for `weaver up` and the end-to-end tests.
+
+Children run in their own session (process group) so that a Ctrl-C on the terminal reaches only the
+supervisor, which then stops them in a chosen order (xApp first so that leases are revoked, then the
+agents so that they write checkpoints, then the testbed) and kills whatever is left. Output lines are
+kept in a bounded ring per child and can be waited on (`wait_for_line`), which is how the supervisor
+learns where a child listens without guessing ports.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ChildFailed(RuntimeError):
+    """A child exited, or did not print what we waited for in time."""
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    proc: subprocess.Popen
+    log_path: Path | None = None
+    lines: collections.deque = field(default_factory=lambda: collections.deque(maxlen=2000))
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def _pump(self, echo) -> None:
+        log = open(self.log_path, "a", encoding="utf-8") if self.log_path else None
+        try:
+            for raw in self.proc.stdout:  # type: ignore[union-attr]
+                line = raw.rstrip("\n")
+                with self._cond:
+                    self.lines.append(line)
+                    self._cond.notify_all()
+                if log:
+                    log.write(line + "\n")
+                    log.flush()
+                if echo:
+                    echo(self.name, line)
+        finally:
+            if log:
+                log.close()
+            with self._cond:
+                self._cond.notify_all()
+
+    def wait_for_line(self, pattern: str, timeout: float) -> re.Match:
+        """Block until a line matching `pattern` appears (searching lines already seen too)."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._cond:
+            while True:
+                lines = list(self.lines)
+                for line in lines[seen:] if seen <= len(lines) else lines:
+                    m = rx.search(line)
+                    if m:
+                        return m
+                seen = len(lines)
+                if self.proc.poll() is not None:
+                    tail = "\n".join(list(self.lines)[-20:])
+                    raise ChildFailed(f"{self.name} exited with {self.proc.returncode} before /{pattern}/:\n{tail}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    tail = "\n".join(list(self.lines)[-20:])
+                    raise ChildFailed(f"{self.name}: no line matching /{pattern}/ within {timeout:.0f}s:\n{tail}")
+                self._cond.wait(min(left, 0.5))
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+class Supervisor:
+    def __init__(self, log_dir: Path | None = None, echo=None) -> None:
+        self.children: list[Child] = []
+        self.log_dir = log_dir
+        self.echo = echo
+        if log_dir:
+            log_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> Child:
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        full_env.setdefault("PYTHONUNBUFFERED", "1")
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                text=True, bufsize=1, env=full_env, cwd=cwd, start_new_session=True)
+        child = Child(name, argv, proc, (self.log_dir / f"{name}.log") if self.log_dir else None)
+        threading.Thread(target=child._pump, args=(self.echo,), daemon=True, name=f"pump-{name}").start()
+        self.children.append(child)
+        return child
+
+    def get(self, name: str) -> Child:
+        for c in self.children:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def stop(self, child: Child, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
+        """Signal the child's whole process group, wait, then SIGKILL what is left."""
+        if child.proc.poll() is None:
+            try:
+                os.killpg(child.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                child.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # grandchildren (e.g. a Lighthouse) share the group: make sure none outlives us
+            os.killpg(child.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if child.proc.poll() is None:
+            child.proc.kill()
+            child.proc.wait(5)
+        return child.proc.returncode
+
+    def stop_all(self, order: list[str] | None = None, timeout: float = 10.0) -> None:
+        names = order or [c.name for c in reversed(self.children)]
+        rest = [c for c in self.children if c.name not in names]
+        for name in names:
+            for c in self.children:
+                if c.name == name or c.name.startswith(name + ":"):
+                    self.stop(c, timeout=timeout)
+        for c in rest:
+            self.stop(c, timeout=timeout)
