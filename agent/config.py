@@ -1,0 +1,177 @@
+"""Configuration: one small frozen dataclass per component, validated on construction, plus presets.
+
+Every checkpoint stores the effective `TrainConfig` (`dataclasses.asdict`), so a run can be reproduced.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+from agent.model import GPTConfig
+
+MODES = ("cpu", "cpu_preferred", "gpu_preferred", "gpu")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: GPTConfig = field(default_factory=GPTConfig)
+    seed: int = 1337
+    lr: float = 3e-3              # AdamW, constant: leased training has no fixed horizon for a schedule
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0        # 0 disables
+    step_samples: int = 32        # accumulate at least this many samples before an optimizer step
+    max_micro_batch: int = 64
+    eval_samples: int = 128       # held-out samples for the validation loss
+    eval_every: int = 50          # optimizer steps between validations (0 = never)
+    checkpoint_every: int = 100   # optimizer steps between checkpoints (0 = only on shutdown/request)
+    keep_last: int = 3
+    threads: int = 0              # torch intra-op threads; 0 = leased cores (CPU) / torch default
+
+    def __post_init__(self) -> None:
+        for name in ("step_samples", "max_micro_batch", "eval_samples", "keep_last"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_every", "checkpoint_every", "threads"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"TrainConfig.lr must be > 0, got {self.lr}")
+
+
+@dataclass(frozen=True)
+class EnforcerConfig:
+    safety: float = 0.9           # plan micro-batches to end by safety x remaining budget
+    fit_window: int = 64          # recent micro-batches in the affine fit
+    tail_sigmas: float = 2.0      # add this many residual std-devs to the predicted step time
+    max_batch_fraction: float = 0.5  # a micro-batch may take at most this share of the period (yield latency)
+    min_micro_batch: int = 1
+    max_micro_batch: int = 64
+    fixed_micro_batch: int = 0    # >0: baseline policy, launch this size whenever any budget remains
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.safety <= 1.0:
+            raise ValueError(f"EnforcerConfig.safety must be in (0, 1], got {self.safety}")
+        if not 0.0 < self.max_batch_fraction <= 1.0:
+            raise ValueError(f"EnforcerConfig.max_batch_fraction must be in (0, 1], got {self.max_batch_fraction}")
+        if self.fit_window < 2:
+            raise ValueError(f"EnforcerConfig.fit_window must be >= 2, got {self.fit_window}")
+        if not 1 <= self.min_micro_batch <= self.max_micro_batch:
+            raise ValueError("EnforcerConfig needs 1 <= min_micro_batch <= max_micro_batch")
+        if self.fixed_micro_batch < 0 or self.tail_sigmas < 0:
+            raise ValueError("EnforcerConfig.fixed_micro_batch and tail_sigmas must be >= 0")
+
+
+@dataclass(frozen=True)
+class LeaseClientConfig:
+    broker: str = "127.0.0.1:50051"
+    site_id: str = "site-0"
+    agent_id: str = ""            # "" = hostname-pid
+    token: str = ""
+    heartbeat_ms: int = 500       # used until the broker's Welcome says otherwise
+    backoff_initial_s: float = 0.1
+    backoff_max_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.site_id:
+            raise ValueError("LeaseClientConfig.site_id must not be empty")
+        if ":" not in self.broker:
+            raise ValueError(f"LeaseClientConfig.broker must be host:port, got {self.broker!r}")
+        if self.heartbeat_ms < 1 or not 0 < self.backoff_initial_s <= self.backoff_max_s:
+            raise ValueError("LeaseClientConfig needs heartbeat_ms >= 1 and 0 < backoff_initial_s <= backoff_max_s")
+
+
+@dataclass(frozen=True)
+class ModeConfig:
+    mode: str = "cpu_preferred"
+    margin: float = 0.2           # promote when predicted GPU goodput >= (1 + margin) x CPU goodput
+    min_leases: int = 5           # fewer non-empty leases in the window: no decision (thin data)
+    window_s: float = 60.0        # observation window
+    demote_after_s: float = 1800.0  # gpu_preferred with no usable lease this long -> cpu_preferred
+    cooldown_s: float = 120.0     # no switch within this long after the previous one
+    overrun_guard_ms: float = 10.0  # safety demotion when overrun p99 exceeds this
+    quiet_s: float = 300.0        # after a safety demotion, promote again only after this quiet time
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"ModeConfig.mode must be one of {MODES}, got {self.mode!r}")
+        if self.margin < 0 or self.min_leases < 0 or self.window_s <= 0 or self.cooldown_s < 0:
+            raise ValueError("ModeConfig: margin, min_leases, cooldown_s must be >= 0 and window_s > 0")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    train: TrainConfig = field(default_factory=TrainConfig)
+    enforcer: EnforcerConfig = field(default_factory=EnforcerConfig)
+    lease: LeaseClientConfig = field(default_factory=LeaseClientConfig)
+    modes: ModeConfig = field(default_factory=ModeConfig)
+    device: str = "auto"          # auto | cpu | cuda
+    cores: int = 0                # CPU cores offered to leases; 0 = os.cpu_count()
+    checkpoint_dir: str = "checkpoints"
+    inspect_addr: str = "127.0.0.1:0"  # AgentInspect gRPC server (localhost only)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> AgentConfig:
+        return _build(cls, data, "config")
+
+
+def _build(cls, data, where: str):
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = set(data) - set(known)
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    kw = {}
+    nested = {"model": GPTConfig, "train": TrainConfig, "enforcer": EnforcerConfig,
+              "lease": LeaseClientConfig, "modes": ModeConfig}
+    for key, value in data.items():
+        if key in nested and isinstance(value, dict):
+            kw[key] = _build(nested[key], value, f"{where}.{key}")
+        else:
+            kw[key] = value
+    try:
+        return cls(**kw)
+    except TypeError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def load_config(path: str | Path) -> AgentConfig:
+    """Read a JSON config file; unknown keys and invalid values are refused with the field's name."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read config {path}: {exc}") from None
+    return AgentConfig.from_dict(data)
+
+
+# --- presets -------------------------------------------------------------------------------------
+
+def tiny_cpu() -> AgentConfig:
+    """Runs in seconds on a laptop core: the CI and test preset."""
+    return AgentConfig(train=TrainConfig(model=GPTConfig(n_embd=64, n_head=4, n_layer=1, block_size=32),
+                                         step_samples=8, max_micro_batch=32, eval_samples=32,
+                                         eval_every=20, checkpoint_every=50),
+                       enforcer=EnforcerConfig(max_micro_batch=32))
+
+
+def small() -> AgentConfig:
+    """The default: ~0.4 M-parameter char GPT (width 128, 2 layers, 4 heads, context 64)."""
+    return AgentConfig()
+
+
+def medium() -> AgentConfig:
+    """~1.8 M parameters (width 192, 4 layers, context 128): for device-mode experiments."""
+    return AgentConfig(train=TrainConfig(model=GPTConfig(n_embd=192, n_layer=4, n_head=4, block_size=128)))
+
+
+PRESETS = {"tiny": tiny_cpu, "small": small, "medium": medium}
+
+
+def with_overrides(cfg: AgentConfig, **changes) -> AgentConfig:
+    return replace(cfg, **changes)

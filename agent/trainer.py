@@ -1,0 +1,183 @@
+"""Training, nanoGPT-clear: a `Trainer` that owns model + optimizer + counters, and one loop
+(`train_under_lease`) that asks the budget enforcer before every micro-batch.
+
+Step API (used by the lease loop, the bench and the cross-site tier):
+    t = Trainer(TrainConfig(), CharCorpus.shakespeare())
+    r = t.micro_batch(16)        # forward + backward; gradients accumulate
+    s = t.optimizer_step()       # mean gradient over everything accumulated, clip, AdamW step
+    t.train_steps(k, 16)         # k optimizer steps of one 16-sample micro-batch each
+    t.evaluate()                 # validation loss on the held-out slice
+Gradients are accumulated as sums of per-sample losses and divided by the sample count at the
+step, so an optimizer step over micro-batches 5+11 equals one over a single 16-batch.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from agent.config import TrainConfig
+from agent.data import CharCorpus, Dataset
+from agent.model import GPT
+
+log = logging.getLogger("weaver.agent.trainer")
+
+
+@dataclass(frozen=True)
+class MicroBatchResult:
+    samples: int
+    tokens: int
+    loss: float          # mean per-token loss of this micro-batch
+    wall_s: float        # host wall time (CUDA: event time, which excludes queueing before launch)
+    cpu_s: float         # process CPU time consumed (all threads), the CPU usage meter
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int            # optimizer steps taken so far, after this one
+    samples: int         # samples in this optimizer batch
+    loss: float          # mean loss over the accumulated samples
+    grad_norm: float
+    applied: bool        # False when loss or gradients were not finite (step skipped)
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig | None = None, dataset: Dataset | None = None,
+                 device: str = "cpu"):
+        config = config or TrainConfig()
+        self.dataset = dataset if dataset is not None else CharCorpus.shakespeare(seed=config.seed)
+        # The vocabulary is the dataset's; the config records the effective value.
+        self.config = replace(config, model=replace(config.model, vocab_size=self.dataset.vocab_size))
+        self.device = torch.device(device)
+        torch.manual_seed(self.config.seed)
+        self.model = GPT(self.config.model).to(self.device)
+        self.optimizer = self._make_optimizer()
+        self.step = 0                # optimizer steps applied
+        self.samples_seen = 0        # training samples drawn (the data position)
+        self.tokens_seen = 0
+        self.skipped_steps = 0
+        self.last_loss = math.nan
+        self.last_val_loss = math.nan
+        self._pending_samples = 0
+        self._pending_loss_sum = 0.0
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        # Decay matrices only (nanoGPT's configure_optimizers): biases and norms stay undecayed.
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        c = self.config
+        return torch.optim.AdamW([{"params": decay, "weight_decay": c.weight_decay},
+                                  {"params": no_decay, "weight_decay": 0.0}],
+                                 lr=c.lr, betas=(c.beta1, c.beta2), foreach=False)
+
+    @property
+    def pending_samples(self) -> int:
+        return self._pending_samples
+
+    def micro_batch(self, size: int) -> MicroBatchResult:
+        """Forward + backward on the next `size` training samples; gradients accumulate until `optimizer_step`."""
+        if size < 1:
+            raise ValueError(f"micro-batch size must be >= 1, got {size}")
+        block = self.config.model.block_size
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        cuda = self.device.type == "cuda"
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        x, y = self.dataset.batch("train", self.samples_seen, size, block)
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        self.model.train()
+        _, loss = self.model(x, y)
+        (loss * size).backward()     # sum over samples; divided by the total at the step
+        loss_value = loss.item()     # syncs the device, so the timing below covers the kernels
+        if cuda:
+            end.record()
+            end.synchronize()
+            wall = start.elapsed_time(end) / 1e3
+        else:
+            wall = time.perf_counter() - wall0
+        self.samples_seen += size
+        self.tokens_seen += size * block
+        self._pending_samples += size
+        self._pending_loss_sum += loss_value * size
+        return MicroBatchResult(size, size * block, loss_value, wall, time.process_time() - cpu0)
+
+    def optimizer_step(self) -> StepResult | None:
+        """Apply the accumulated gradient (mean over pending samples). None when nothing is pending."""
+        n = self._pending_samples
+        if n == 0:
+            return None
+        loss = self._pending_loss_sum / n
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.div_(n)
+        clip = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        # Check before stepping (torchtitan): a non-finite update would poison the weights for good.
+        applied = math.isfinite(loss) and math.isfinite(grad_norm)
+        if applied:
+            self.optimizer.step()
+            self.step += 1
+            self.last_loss = loss
+        else:
+            self.skipped_steps += 1
+            log.warning("skipping optimizer step: loss=%s grad_norm=%s", loss, grad_norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        self._pending_samples, self._pending_loss_sum = 0, 0.0
+        return StepResult(self.step, n, loss, grad_norm, applied)
+
+    def discard_pending(self) -> None:
+        """Drop accumulated gradients (e.g. before a restore)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._pending_samples, self._pending_loss_sum = 0, 0.0
+
+    def train_steps(self, k: int, micro_batch: int, micro_batches_per_step: int = 1) -> list[StepResult]:
+        """k optimizer steps, each over `micro_batches_per_step` micro-batches of `micro_batch` samples."""
+        out = []
+        for _ in range(k):
+            for _ in range(micro_batches_per_step):
+                self.micro_batch(micro_batch)
+            out.append(self.optimizer_step())
+        return out
+
+    @torch.no_grad()
+    def evaluate(self, samples: int | None = None, chunk: int = 64) -> float:
+        """Mean loss over the first `samples` held-out samples (the same ones every time)."""
+        samples = samples or self.config.eval_samples
+        block = self.config.model.block_size
+        self.model.eval()
+        total = 0.0
+        for start in range(0, samples, chunk):
+            n = min(chunk, samples - start)
+            x, y = self.dataset.batch("val", start, n, block)
+            _, loss = self.model(x.to(self.device), y.to(self.device))
+            total += loss.item() * n
+        self.last_val_loss = total / samples
+        return self.last_val_loss
+
+    # --- checkpoint parts (named, like torchtitan's MODEL/OPTIMIZER/TRAIN_STATE) ------------------
+    def state_dict(self) -> dict:
+        if self._pending_samples:
+            raise RuntimeError("checkpoint with accumulated gradients pending; take the optimizer step first")
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "train_state": {"step": self.step, "samples_seen": self.samples_seen,
+                            "tokens_seen": self.tokens_seen, "skipped_steps": self.skipped_steps,
+                            "last_loss": self.last_loss, "last_val_loss": self.last_val_loss},
+            "config": asdict(self.config),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["config"]["model"] != asdict(self.config.model):
+            raise ValueError(f"checkpoint model {state['config']['model']} does not match {asdict(self.config.model)}")
+        self.discard_pending()
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        ts = state["train_state"]
+        self.step, self.samples_seen, self.tokens_seen = ts["step"], ts["samples_seen"], ts["tokens_seen"]
+        self.skipped_steps = ts["skipped_steps"]
+        self.last_loss, self.last_val_loss = ts["last_loss"], ts["last_val_loss"]
