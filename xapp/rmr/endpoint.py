@@ -1,0 +1,607 @@
+"""asyncio RMR endpoint: the I/O shell around `RmrFramer` and `Router` (`shared/design/rmr-wire.md` §7-§11).
+
+One listening port; one dialled connection per endpoint *name*, opened lazily on first send, redialled on
+the next send after a loss, with an exponential backoff between failed dials. Frames are read on every
+socket, accepted and dialled. Outgoing frames are queued per connection and written together once the
+sender yields (or a batch fills), so a burst costs one syscall, not one per message; `send` waits when the
+kernel buffer is full. The receive queue is bounded: past `queue_size` the endpoint stops reading sockets
+until the application catches up (nothing is dropped).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .framer import DEFAULT_MAX_FRAME, NEED_DATA, RmrFramer, check_address, encode_frame
+from .message import (
+    Mtype,
+    RmrClosedError,
+    RmrFrameError,
+    RmrMessage,
+    RmrSendError,
+    RmrState,
+)
+from .routes import Router
+
+log = logging.getLogger("xapp.rmr")
+
+FLUSH_BYTES = 256 << 10  # write at once when this much is queued on one connection
+HEALTH_OK = b"OK\n"
+
+
+def parse_port(port: int | str) -> int:
+    """`4560`, `"4560"`, `"tcp:4560"`, `":4560"` as rmr_init accepts them."""
+    if isinstance(port, int):
+        return port
+    text = port.strip()
+    if text.startswith("tcp:"):
+        text = text[4:]
+    text = text.rsplit(":", 1)[-1]
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"bad RMR port {port!r}") from None
+
+
+def split_hostport(name: str) -> tuple[str, int]:
+    host, sep, port = name.rpartition(":")
+    if not sep or not host:
+        raise RmrSendError(RmrState.BADARG, f"endpoint {name!r} is not host:port")
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        raise RmrSendError(RmrState.BADARG, f"endpoint {name!r} has a bad port") from None
+
+
+def local_addresses() -> list[str]:
+    """This host's IPv4 addresses, the one with the default route first (no packets are sent)."""
+    found: list[str] = []
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            found.append(s.getsockname()[0])
+    except OSError:
+        pass
+    try:
+        found += socket.gethostbyname_ex(socket.gethostname())[2]
+    except OSError:
+        pass
+    found.append("127.0.0.1")
+    return list(dict.fromkeys(found))
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointIdentity:
+    """Who we say we are on every frame (§7), and the names routes use to mean us."""
+
+    src: str
+    srcip: str
+    self_names: frozenset[str]
+
+    @classmethod
+    def build(cls, port: int, src_id: str | None, bind_if: str | None, name_only: bool) -> EndpointIdentity:
+        name = src_id.rsplit(":", 1)[0] if src_id and ":" in src_id else src_id
+        if not name:
+            name = socket.gethostname().split(".", 1)[0]
+        ips = local_addresses()
+        if bind_if and bind_if not in ("0.0.0.0", "::"):
+            ips.insert(0, bind_if)
+        src = f"{name}:{port}"
+        srcip = src if name_only else f"{ips[0]}:{port}"
+        names = {src, srcip} | {f"{ip}:{port}" for ip in ips}
+        return cls(src, srcip, frozenset(names))
+
+
+@dataclass
+class _Backoff:
+    failures: int = 0
+    next_try: float = 0.0
+
+
+@dataclass
+class EndpointStats:
+    frames_in: int = 0
+    frames_out: int = 0
+    frame_errors: int = 0  # connections closed for malformed frames
+    replies_dropped: int = 0  # call replies with no matching waiter (late, or wrong xid)
+    health_checks: int = 0
+    dials: int = 0
+    dial_failures: int = 0
+
+
+class _Link(asyncio.Protocol):
+    """One TCP connection (accepted or dialled): a framer in, a write queue out."""
+
+    def __init__(self, ep: RmrEndpoint, name: str | None = None):
+        self.ep = ep
+        self.name = name  # the endpoint name we dialled; None for accepted connections
+        self.framer = RmrFramer(ep.max_frame)
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.peer = ""
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._flush_pending = False
+        self._writable: asyncio.Future | None = None
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.ep._links.add(self)
+        if self.ep._inbox_paused:
+            transport.pause_reading()  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        framer = self.framer
+        ep = self.ep
+        try:
+            framer.receive_data(data)
+            while True:
+                msg = framer.next_frame(self)
+                if msg is NEED_DATA:
+                    break
+                ep.stats.frames_in += 1
+                ep._dispatch(msg)  # type: ignore[arg-type]
+        except RmrFrameError as exc:
+            ep.stats.frame_errors += 1
+            log.warning("rmr: closing connection %s (%s): %s", self.peer, self.name or "accepted", exc)
+            self.abort()
+        except Exception:  # a bug must not take the endpoint down; this connection goes, nothing else
+            ep.stats.frame_errors += 1
+            log.exception("rmr: unexpected error on connection %s; closing it", self.peer)
+            self.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.ep._link_lost(self)
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._writable is None or self._writable.done():
+            self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    # -- writing ------------------------------------------------------------------------------------
+
+    def write(self, frame: bytes) -> None:
+        if self.closed or self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError(f"connection to {self.name or self.peer} is closed")
+        self._out.append(frame)
+        self._out_bytes += len(frame)
+        self.ep.stats.frames_out += 1
+        if self._out_bytes >= FLUSH_BYTES:
+            self.flush()
+        elif not self._flush_pending:
+            self._flush_pending = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_pending = False
+        if not self._out:
+            return
+        out, self._out, self._out_bytes = self._out, [], 0
+        if self.closed or self.transport is None:
+            return
+        self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    async def drained(self) -> None:
+        """Wait while the kernel buffer and asyncio's are full (send back-pressure)."""
+        while self._writable is not None and not self._writable.done() and not self.closed:
+            await self._writable
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class RmrEndpoint:
+    """A pure-Python RMR endpoint. Build it with `await RmrEndpoint.open(...)`."""
+
+    def __init__(self, port: int, identity: EndpointIdentity, *, queue_size: int, max_frame: int,
+                 connect_timeout: float, health_check: bool, clock: Callable[[], float],
+                 backoff: tuple[float, float]):
+        self.port = port
+        self.identity = identity
+        self.src = identity.src
+        self.srcip = identity.srcip
+        self._src_b = check_address(identity.src, "src")
+        self._srcip_b = check_address(identity.srcip, "srcip")
+        self.router = Router(identity.self_names)
+        self.max_frame = max_frame
+        self.queue_size = queue_size
+        self.connect_timeout = connect_timeout
+        self.health_check = health_check
+        self.clock = clock
+        self.backoff_range = backoff
+        self.stats = EndpointStats()
+        self.route_file: str | None = None
+        self._route_stat: tuple | None = None
+        self._route_read_at = float("-inf")
+        self._links: set[_Link] = set()
+        self._dialled: dict[str, _Link] = {}
+        self._dialling: dict[str, asyncio.Future] = {}
+        self._backoff: dict[str, _Backoff] = {}
+        self._inbox: collections.deque[RmrMessage] = collections.deque()
+        self._inbox_waiter: asyncio.Future | None = None
+        self._inbox_paused = False
+        self._calls: dict[int, tuple[bytes, asyncio.Future]] = {}
+        self._next_call_id = 2
+        self._tasks: set[asyncio.Task] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._closed = False
+
+    @classmethod
+    async def open(cls, port: int | str = 4560, route_table: str | os.PathLike | None = None,
+                   src_id: str | None = None, bind_if: str | None = None, *, name_only: bool | None = None,
+                   queue_size: int = 10000, max_frame: int = DEFAULT_MAX_FRAME, connect_timeout: float = 2.0,
+                   health_check: bool = True, route_poll_s: float = 1.0, route_reread_s: float = 60.0,
+                   backoff: tuple[float, float] = (0.05, 1.0), env: Mapping[str, str] | None = None,
+                   clock: Callable[[], float] | None = None) -> RmrEndpoint:
+        """Listen on `port` (0 picks a free one) and load the route table.
+
+        Arguments override the environment (`env`, default `os.environ`): `route_table` over RMR_SEED_RT,
+        `src_id` over RMR_SRC_ID, `bind_if` over RMR_BIND_IF, `name_only` over RMR_SRC_NAMEONLY. The table
+        file is re-read every `route_poll_s` until it commits, then whenever it changes (checked every
+        `route_poll_s`) and at least every `route_reread_s`.
+        """
+        env = os.environ if env is None else env
+        loop = asyncio.get_running_loop()
+        route_table = route_table if route_table is not None else (env.get("RMR_SEED_RT") or None)
+        src_id = src_id if src_id is not None else (env.get("RMR_SRC_ID") or None)
+        bind_if = bind_if if bind_if is not None else (env.get("RMR_BIND_IF") or None)
+        if name_only is None:
+            try:
+                name_only = int(env.get("RMR_SRC_NAMEONLY", "0") or 0) > 0
+            except ValueError:
+                name_only = False
+        rtg = env.get("RMR_RTG_SVC", "-1").strip() or "-1"
+        if not rtg.startswith("-"):
+            log.warning("rmr: RMR_RTG_SVC=%s asks for a route manager; the python backend reads "
+                        "RMR_SEED_RT only (as with RMR_RTG_SVC=-1)", rtg)
+        holder: list[RmrEndpoint] = []
+        server = await loop.create_server(lambda: _Link(holder[0]), host=bind_if or "0.0.0.0",
+                                          port=parse_port(port), reuse_address=True)
+        real_port = server.sockets[0].getsockname()[1]
+        identity = EndpointIdentity.build(real_port, src_id, bind_if, bool(name_only))
+        ep = cls(real_port, identity, queue_size=queue_size, max_frame=max_frame,
+                 connect_timeout=connect_timeout, health_check=health_check,
+                 clock=clock or loop.time, backoff=backoff)
+        holder.append(ep)
+        ep._server = server
+        if route_table is not None:
+            ep.route_file = os.fspath(route_table)
+            ep.check_route_file()
+            ep._spawn(ep._watch_route_file(route_poll_s, route_reread_s))
+        return ep
+
+    async def __aenter__(self) -> RmrEndpoint:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # -- route table --------------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """True once a route table has committed (C's rmr_ready)."""
+        return self.router.ready
+
+    def load_route_table(self, text: str) -> list[str]:
+        """Load a whole table from text; swapped in only if it commits. Returns log notes."""
+        notes = self.router.load_text(text)
+        for note in notes:
+            log.warning("rmr: route table: %s", note)
+        return notes
+
+    def check_route_file(self, now: float | None = None, reread_s: float = 60.0) -> bool:
+        """Re-read the route file if it changed, if nothing committed yet, or `reread_s` passed.
+        Returns True if the file was read."""
+        if self.route_file is None:
+            return False
+        now = self.clock() if now is None else now
+        try:
+            st = os.stat(self.route_file)
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError as exc:
+            if not self.ready:
+                log.warning("rmr: route table %s unreadable: %s", self.route_file, exc)
+            return False
+        if self.ready and stamp == self._route_stat and now - self._route_read_at < reread_s:
+            return False
+        try:
+            with open(self.route_file, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError as exc:
+            log.warning("rmr: route table %s unreadable: %s", self.route_file, exc)
+            return False
+        self._route_stat, self._route_read_at = stamp, now
+        self.load_route_table(text)
+        return True
+
+    async def _watch_route_file(self, poll_s: float, reread_s: float) -> None:
+        while not self._closed:
+            await asyncio.sleep(poll_s)
+            try:
+                self.check_route_file(reread_s=reread_s)
+            except Exception:
+                log.exception("rmr: route table reload failed; previous table stays")
+
+    # -- receiving ----------------------------------------------------------------------------------
+
+    def _dispatch(self, msg: RmrMessage) -> None:
+        if msg.mtype == Mtype.HEALTH_CHECK_REQ and self.health_check:
+            self.stats.health_checks += 1
+            self._spawn(self._answer_health(msg))
+        elif msg.call:
+            self._enqueue(msg)  # a call from a peer: the app replies by rts
+        elif msg.call_id:
+            waiter = self._calls.get(msg.call_id)
+            if waiter is not None and waiter[0] == msg.xaction and not waiter[1].done():
+                waiter[1].set_result(msg)
+            else:
+                self.stats.replies_dropped += 1  # late, or not ours (P3)
+        else:
+            self._enqueue(msg)
+
+    def _enqueue(self, msg: RmrMessage) -> None:
+        self._inbox.append(msg)
+        w = self._inbox_waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+        if len(self._inbox) >= self.queue_size and not self._inbox_paused:
+            self._inbox_paused = True
+            for link in self._links:
+                if link.transport is not None and not link.closed:
+                    link.transport.pause_reading()
+
+    async def _answer_health(self, msg: RmrMessage) -> None:
+        try:
+            await self.rts(msg, Mtype.HEALTH_CHECK_RESP, HEALTH_OK)
+        except RmrSendError as exc:
+            log.info("rmr: health check reply to %s failed: %s", msg.src, exc)
+
+    async def receive(self, timeout: float | None = None) -> RmrMessage:
+        """The next message. Raises `TimeoutError` after `timeout` seconds, `RmrClosedError` once closed."""
+        while not self._inbox:
+            if self._closed:
+                raise RmrClosedError("endpoint closed")
+            self._inbox_waiter = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self._inbox_waiter, timeout)
+            finally:
+                self._inbox_waiter = None
+        msg = self._inbox.popleft()
+        if self._inbox_paused and len(self._inbox) <= self.queue_size // 2:
+            self._inbox_paused = False
+            for link in self._links:
+                if link.transport is not None and not link.closed:
+                    link.transport.resume_reading()
+        return msg
+
+    def pending(self) -> int:
+        """Messages waiting in the receive queue."""
+        return len(self._inbox)
+
+    # -- connections --------------------------------------------------------------------------------
+
+    def connected(self, name: str) -> bool:
+        link = self._dialled.get(name)
+        return link is not None and not link.closed
+
+    def _link_lost(self, link: _Link) -> None:
+        self._links.discard(link)
+        if link.name is not None and self._dialled.get(link.name) is link:
+            del self._dialled[link.name]
+
+    async def _link_to(self, name: str) -> _Link:
+        link = self._dialled.get(name)
+        if link is not None and not link.closed:
+            return link
+        if self._closed:
+            raise RmrClosedError("endpoint closed")
+        pending = self._dialling.get(name)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        b = self._backoff.get(name)
+        now = self.clock()
+        if b is not None and now < b.next_try:
+            raise RmrSendError(RmrState.RETRY, f"{name}: redial backoff, next try in {b.next_try - now:.3f}s")
+        fut = asyncio.ensure_future(self._dial(name))
+        self._dialling[name] = fut
+        try:
+            return await asyncio.shield(fut)
+        finally:
+            if self._dialling.get(name) is fut:
+                del self._dialling[name]
+
+    async def _dial(self, name: str) -> _Link:
+        host, port = split_hostport(name)
+        self.stats.dials += 1
+        loop = asyncio.get_running_loop()
+        try:
+            _, link = await asyncio.wait_for(
+                loop.create_connection(lambda: _Link(self, name), host, port), self.connect_timeout)
+        except (TimeoutError, OSError) as exc:
+            self.stats.dial_failures += 1
+            b = self._backoff.setdefault(name, _Backoff())
+            first, cap = self.backoff_range
+            b.next_try = self.clock() + min(cap, first * (2 ** b.failures))
+            b.failures += 1
+            raise RmrSendError(RmrState.SENDFAILED, f"cannot connect to {name}: {exc or 'timeout'}") from None
+        self._backoff.pop(name, None)
+        if self._closed:
+            link.abort()
+            raise RmrClosedError("endpoint closed")
+        self._dialled[name] = link
+        return link
+
+    # -- sending ------------------------------------------------------------------------------------
+
+    def encode(self, msg: RmrMessage) -> bytes:
+        return encode_frame(msg, self._src_b, self._srcip_b)
+
+    async def _write_to(self, name: str, frame: bytes) -> _Link:
+        link = self._dialled.get(name)
+        if link is None or link.closed:
+            link = await self._link_to(name)
+        try:
+            link.write(frame)
+        except ConnectionError as exc:
+            raise RmrSendError(RmrState.SENDFAILED, f"{name}: {exc}") from None
+        return link
+
+    async def _send_routed(self, msg: RmrMessage) -> int:
+        targets = self.router.targets(msg.mtype, msg.sub_id, msg.meid)
+        frame = self.encode(msg)
+        if len(targets) == 1:
+            link = await self._write_to(targets[0], frame)
+            if link._writable is not None:
+                await link.drained()
+            return 1
+        delivered = 0
+        failures: list[RmrSendError] = []
+        links = []
+        for name in targets:  # one clone per group; a failing group does not stop the others
+            try:
+                links.append(await self._write_to(name, frame))
+                delivered += 1
+            except RmrSendError as exc:
+                failures.append(exc)
+        if not delivered:
+            raise RmrSendError(failures[0].state if len(failures) == 1 else RmrState.SENDFAILED,
+                               "; ".join(str(f) for f in failures))
+        for link in links:
+            await link.drained()
+        return delivered
+
+    async def send(self, msg: RmrMessage) -> int:
+        """Send by the route table (one endpoint per group). Returns how many endpoints got it.
+
+        Raises `RmrSendError`: NOENDPT (no route), SENDFAILED (no group could be reached), RETRY (the
+        only endpoint is in redial backoff). A plain send is never a call: flag 0x04 and d1[0] are cleared (P3).
+        """
+        if self._closed:
+            raise RmrClosedError("endpoint closed")
+        if msg.call or msg.call_id:
+            msg = msg.replace(call=False, call_id=0)
+        return await self._send_routed(msg)
+
+    async def wormhole_send(self, target: str, msg: RmrMessage) -> None:
+        """Send straight to `host:port`, bypassing the route table (rmr_wh_open + rmr_wh_send_msg)."""
+        if self._closed:
+            raise RmrClosedError("endpoint closed")
+        if msg.call or msg.call_id:
+            msg = msg.replace(call=False, call_id=0)
+        link = await self._write_to(target, self.encode(msg))
+        await link.drained()
+
+    async def rts(self, received: RmrMessage, mtype: int | None = None, payload: bytes | None = None) -> None:
+        """Return to sender (§7): dial `src`; else the socket it arrived on; else `srcip`; else NOENDPT.
+        Keeps xid, meid, sub_id, trace and call-id; clears the call flag; writes our own src/srcip."""
+        if self._closed:
+            raise RmrClosedError("endpoint closed")
+        reply = received.replace(mtype=received.mtype if mtype is None else mtype,
+                                 payload=received.payload if payload is None else payload,
+                                 call=False, truncated=False, via=None)
+        frame = self.encode(reply)
+        tried = []
+        if received.src:
+            try:
+                link = await self._write_to(received.src, frame)
+                await link.drained()
+                return
+            except RmrSendError as exc:
+                tried.append(str(exc))
+        via = received.via
+        if isinstance(via, _Link) and not via.closed:
+            via.write(frame)
+            await via.drained()
+            return
+        tried.append("arriving connection is gone")
+        if received.srcip and received.srcip != received.src:
+            try:
+                link = await self._write_to(received.srcip, frame)
+                await link.drained()
+                return
+            except RmrSendError as exc:
+                tried.append(str(exc))
+        raise RmrSendError(RmrState.NOENDPT, "rts: " + "; ".join(tried or ["message has no src"]))
+
+    async def call(self, msg: RmrMessage, timeout: float = 5.0) -> RmrMessage:
+        """rmr_mt_call: send by route with a fresh call-id (2..255) and wait for the reply with the same
+        call-id and 32-byte xid (an all-zero xid is replaced by a random one). Raises `RmrSendError`
+        (TIMEOUT, or CALLFAILED when 254 calls are already outstanding)."""
+        if self._closed:
+            raise RmrClosedError("endpoint closed")
+        cid = self._free_call_id()
+        xid = msg.xaction if any(msg.xaction) else os.urandom(16).hex().encode()
+        fut = asyncio.get_running_loop().create_future()
+        self._calls[cid] = (xid, fut)
+        try:
+            await self._send_routed(msg.replace(call=True, call_id=cid, xaction=xid))
+            try:
+                return await asyncio.wait_for(fut, timeout)
+            except TimeoutError:
+                raise RmrSendError(RmrState.TIMEOUT, f"no reply to call {cid} within {timeout}s") from None
+        finally:
+            self._calls.pop(cid, None)
+
+    def _free_call_id(self) -> int:
+        for _ in range(254):
+            cid = self._next_call_id
+            self._next_call_id = 2 if cid >= 255 else cid + 1
+            if cid not in self._calls:
+                return cid
+        raise RmrSendError(RmrState.CALLFAILED, "254 calls outstanding: no free call-id")
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Stop listening, flush and close every connection, fail waiting calls and receivers."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for link in list(self._links):
+            link.flush()
+            if link.transport is not None:
+                link.transport.close()
+        for _, fut in self._calls.values():
+            if not fut.done():
+                fut.set_exception(RmrClosedError("endpoint closed"))
+        if self._inbox_waiter is not None and not self._inbox_waiter.done():
+            self._inbox_waiter.set_result(None)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+        await asyncio.sleep(0)  # let transports run connection_lost

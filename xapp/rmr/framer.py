@@ -1,0 +1,178 @@
+"""Sans-IO RMR framing: SI95 transport header + RMR header v3 (`shared/design/rmr-wire.md` §2-§6).
+
+`RmrFramer` is fed bytes with `receive_data` and hands out whole messages with `next_frame` (or the
+sentinel `NEED_DATA`), like `h11.Connection`. A bad frame raises `RmrFrameError` and leaves the framer
+broken for good: the owner closes that connection and nothing else. `encode_frame` turns a message into
+the bytes C would send, with our own src/srcip.
+"""
+from __future__ import annotations
+
+import struct
+
+from .message import (
+    INT32_MAX,
+    SRC_MAX,
+    XID_LEN,
+    RmrEncodeError,
+    RmrFrameError,
+    RmrMessage,
+    new_message,
+)
+
+TRANSPORT_LEN = 50
+HDR_V3_LEN = 280
+D1_LEN = 4
+MIN_FRAME = TRANSPORT_LEN + HDR_V3_LEN  # a frame with no d1 at all is still well formed
+DEFAULT_MAX_FRAME = 64 << 20
+FLAG_CALL = 0x04
+
+
+class _NeedData:
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA = _NeedData()
+
+# Everything from frame byte 4 to the end of the v3 header, big-endian. flags is the one host-order (LE)
+# field (P4): it is written here as the BE integer whose bytes equal le32(flags).
+_HEADER = struct.Struct(">I c 41x iii 32s 32x 64s 32s 4x 16x I iiiii 64s")
+_LE32 = struct.Struct("<I")
+# Decoding: header from frame byte 50, fixed offsets (C ignores len0 for these).
+_DECODE = struct.Struct(">iii 32s 32x 64s 32s 4x 16x 4x iiiii 64s")
+_FLAGS_AT = TRANSPORT_LEN + 192
+_CALL_FLAG_BE = 0x04000000  # le32(0x04) read as BE
+
+
+def _cstr(raw: bytes) -> str:
+    # Addresses and meids are ASCII up to the first NUL; never fail on a peer's garbage.
+    return raw.split(b"\0", 1)[0].decode("ascii", "replace")
+
+
+def _meid(raw: bytes) -> str:
+    # Keep the RmrMessage invariant (<= 31 ASCII chars) whatever a peer sent, so an rts never fails on it.
+    raw = raw.split(b"\0", 1)[0][:31]
+    if raw.isascii():
+        return raw.decode("ascii")
+    return bytes(b if b < 128 else 63 for b in raw).decode("ascii")
+
+
+def check_address(addr: str, what: str) -> bytes:
+    raw = addr.encode("ascii", "strict") if addr.isascii() else b""
+    if not raw and addr:
+        raise RmrEncodeError(f"{what} {addr!r} is not ASCII")
+    if len(raw) > SRC_MAX or b"\0" in raw:
+        raise RmrEncodeError(f"{what} {addr!r} is longer than {SRC_MAX} chars or holds a NUL")
+    return raw
+
+
+def encode_frame(msg: RmrMessage, src: bytes, srcip: bytes) -> bytes:
+    """Bytes of one frame (§5). `src`/`srcip` are *this* process's addresses, already checked ASCII bytes
+    (see `check_address`): every frame, RTS included, carries the sender's own return address."""
+    payload = msg.payload
+    trace = msg.trace
+    plen = len(payload)
+    length = TRANSPORT_LEN + HDR_V3_LEN + len(trace) + D1_LEN + plen
+    if length > INT32_MAX:
+        raise RmrEncodeError(f"frame of {length} bytes does not fit C's signed 32-bit length (P5)")
+    head = _HEADER.pack(length, b"$", msg.mtype, plen, 3, msg.xaction, src, msg.meid.encode("ascii"),
+                        _CALL_FLAG_BE if msg.call else 0, HDR_V3_LEN, len(trace), D1_LEN, 0, msg.sub_id, srcip)
+    d1 = bytes((msg.call_id, 0, 0, 0))
+    return b"".join((_LE32.pack(length), head, trace, d1, payload))
+
+
+def decode_frame(frame: bytes | bytearray | memoryview, via: object = None) -> RmrMessage:
+    """Decode exactly one whole frame (its first 4 bytes give its length). Raises `RmrFrameError`."""
+    framer = RmrFramer(max_frame=max(len(frame), MIN_FRAME))
+    framer.receive_data(bytes(frame))
+    msg = framer.next_frame(via)
+    if msg is NEED_DATA:
+        raise RmrFrameError(f"incomplete frame: {len(frame)} bytes")
+    if framer.buffered:
+        raise RmrFrameError(f"{framer.buffered} bytes after the frame")
+    return msg  # type: ignore[return-value]
+
+
+class RmrFramer:
+    """Reassembles frames from one byte stream (one per socket, accepted and dialled alike).
+
+    Args:
+        max_frame: longest frame accepted; C has no limit, so the default is generous (64 MiB).
+    """
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME):
+        if max_frame < MIN_FRAME:
+            raise ValueError(f"max_frame must be at least {MIN_FRAME}")
+        self.max_frame = min(max_frame, INT32_MAX)
+        self._buf = bytearray()
+        self._off = 0  # read offset: consumed bytes are dropped in bulk, never one frame at a time
+        self.error: RmrFrameError | None = None
+        self.frames = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet handed out as a message."""
+        return len(self._buf) - self._off
+
+    def receive_data(self, data: bytes) -> None:
+        if self.error is not None:
+            raise self.error
+        buf = self._buf
+        if self._off and self._off == len(buf):
+            buf.clear()
+            self._off = 0
+        elif self._off > 65536 and self._off * 2 > len(buf):
+            del buf[: self._off]
+            self._off = 0
+        buf += data
+
+    def encode(self, msg: RmrMessage, src: str, srcip: str) -> bytes:
+        return encode_frame(msg, check_address(src, "src"), check_address(srcip, "srcip"))
+
+    def _fail(self, why: str) -> RmrFrameError:
+        self.error = RmrFrameError(f"{why} (frame {self.frames + 1} on this connection)")
+        return self.error
+
+    def next_frame(self, via: object = None) -> RmrMessage | _NeedData:
+        """The next whole message, or `NEED_DATA`. Raises `RmrFrameError` (and stays broken) on a bad frame."""
+        if self.error is not None:
+            raise self.error
+        buf = self._buf
+        off = self._off
+        avail = len(buf) - off
+        if avail < 4:
+            return NEED_DATA
+        (length,) = _LE32.unpack_from(buf, off)  # LE word decides on LE hosts, whatever BE/'$' say (§2)
+        if length >= 1 << 31:
+            raise self._fail(f"frame length {length} is >= 2**31 (P5)")
+        if length < MIN_FRAME:
+            raise self._fail(f"frame length {length} is below the {MIN_FRAME}-byte minimum")
+        if length > self.max_frame:
+            raise self._fail(f"frame length {length} exceeds max_frame {self.max_frame}")
+        if avail < length:
+            return NEED_DATA
+        (mtype, plen, _ver, xid, src, meid, len0, len1, len2, len3, sub_id, srcip) = _DECODE.unpack_from(
+            buf, off + TRANSPORT_LEN)
+        if len0 < HDR_V3_LEN or len1 < 0 or len2 < 0 or len3 < 0:
+            raise self._fail(f"bad header lengths len0={len0} len1={len1} len2={len2} len3={len3}")
+        poff = TRANSPORT_LEN + len0 + len1 + len2 + len3
+        if poff > length:
+            raise self._fail(f"header lengths end at {poff}, past the frame length {length}")
+        if plen < 0:
+            raise self._fail(f"negative payload length {plen}")
+        (flags,) = _LE32.unpack_from(buf, off + _FLAGS_AT)
+        base = off + TRANSPORT_LEN + len0
+        trace = bytes(buf[base: base + len1]) if len1 else b""
+        call_id = buf[base + len1] if len2 else 0
+        truncated = poff + plen > length
+        if truncated:
+            plen = length - poff  # deliver only in-frame bytes, never read past L (§6, P6)
+        payload = bytes(buf[off + poff: off + poff + plen])
+        self._off = off + length
+        self.frames += 1
+        return new_message(mtype, payload, sub_id, _meid(meid), xid, _cstr(src), _cstr(srcip), trace,
+                           call_id, bool(flags & FLAG_CALL), truncated, via)
+
+
+assert _HEADER.size == TRANSPORT_LEN - 4 + HDR_V3_LEN, _HEADER.size
+assert XID_LEN == 32
