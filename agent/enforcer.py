@@ -1,0 +1,289 @@
+"""Budget enforcer: turns a lease into "may the next micro-batch start, and how big may it be?".
+
+Pure and clock-free (no torch, no I/O): every entry point takes `now` (seconds on the agent's own
+monotonic clock), so it is tested in virtual time. The trainer loop drives it:
+
+    enforcer.on_lease(terms)               # a Lease arrived (terms.received_at = now)
+    d = enforcer.decide(now, pending, step_samples)
+    Launch(size)  -> run a micro-batch of `size`, then enforcer.record_micro_batch(size, t0, t1, cpu_s)
+    StepNow       -> optimizer step, then enforcer.record_step(t0, t1, cpu_s)
+    Idle(until)   -> launch nothing; wake at `until` (None: only when a lease arrives)
+    enforcer.close_windows(now) -> WindowReport for every control period that has ended
+
+Duty cycle (section 5.2-5.3 of compute-and-training-facts.md): the lease's period grid starts when
+the first lease of an unbroken chain arrives; in each period the agent may be busy for
+`duty x period` (busy time = leased share x period), at the front of the period. Each micro-batch is
+sized from an online affine fit t(B) = a + b*B (plus a tail margin) so that it ends inside what is
+left of the budget, the period and the lease's validity, with the optimizer step's time reserved.
+Past expiry, after a revocation, or without a lease, nothing is launched.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from agent.config import EnforcerConfig
+
+# Why a window ended (also LeaseRecord.end in the inspection contract).
+PERIOD, EXPIRED, REVOKED, REPLACED = "period", "expired", "revoked", "replaced"
+
+
+@dataclass(frozen=True)
+class LeaseTerms:
+    """A lease as the agent holds it; `received_at` is the agent's monotonic clock at receipt."""
+    lease_id: str
+    sm_count: int
+    period_s: float
+    valid_for_s: float
+    duty: float
+    received_at: float
+    epoch: int = 0
+    seq: int = 0
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.period_s <= 0 or self.valid_for_s < 0 or self.sm_count < 0:
+            raise ValueError(f"lease {self.lease_id!r}: need period > 0, valid_for >= 0, sm_count >= 0")
+        if not 0.0 <= self.duty <= 1.0 or math.isnan(self.duty):
+            raise ValueError(f"lease {self.lease_id!r}: duty must be in [0, 1], got {self.duty}")
+
+    @property
+    def expires_at(self) -> float:
+        return self.received_at + self.valid_for_s
+
+    @property
+    def budget_s(self) -> float:
+        """Busy time allowed per period."""
+        return self.duty * self.period_s if self.sm_count > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Launch:
+    size: int
+    predicted_s: float
+
+
+@dataclass(frozen=True)
+class StepNow:
+    predicted_s: float
+
+
+@dataclass(frozen=True)
+class Idle:
+    until: float | None     # None: nothing to wait for but a new lease
+    reason: str             # no-lease | expired | revoked | zero-lease | budget-spent | stale
+
+
+Decision = Launch | StepNow | Idle
+
+
+@dataclass(frozen=True)
+class WindowReport:
+    """One control period (or the part of it a lease covered) and what was done in it."""
+    lease_id: str
+    sm_count: int
+    start: float
+    length_s: float
+    granted_s: float        # busy time the lease allowed in this window
+    busy_s: float           # measured busy time (micro-batches + optimizer steps)
+    cpu_s: float            # measured process CPU time (core-seconds)
+    overrun_s: float        # busy time above the grant, or work past the window/lease end
+    micro_batches: int
+    samples: int
+    steps: int
+    end: str                # period | expired | revoked | replaced
+
+
+class StepTimeFit:
+    """Online least-squares fit of micro-batch time t(B) = a + b*B over a sliding window."""
+
+    def __init__(self, window: int = 64, tail_sigmas: float = 2.0):
+        self.points: deque[tuple[int, float]] = deque(maxlen=window)
+        self.tail_sigmas = tail_sigmas
+        self.a, self.b, self.sigma = 0.0, math.nan, 0.0
+
+    def add(self, size: int, seconds: float) -> None:
+        self.points.append((size, seconds))
+        self._refit()
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.points)
+
+    def _refit(self) -> None:
+        n = len(self.points)
+        xs = [p[0] for p in self.points]
+        ys = [p[1] for p in self.points]
+        mx, my = sum(xs) / n, sum(ys) / n
+        sxx = sum((x - mx) ** 2 for x in xs)
+        if sxx > 0:
+            b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+            a = my - b * mx
+        else:
+            b, a = math.nan, 0.0
+        if not (b > 0 and a >= 0):
+            # One size only, or noise made the line nonsensical: fall back to proportional through
+            # the origin, which over-predicts every size above the ones seen (t = a + bB <= (a+b)B).
+            b, a = max(y / x for x, y in self.points), 0.0
+        self.a, self.b = a, b
+        resid = [y - (a + b * x) for x, y in self.points]
+        self.sigma = math.sqrt(sum(r * r for r in resid) / n) if n > 2 else 0.0
+
+    def predict(self, size: int) -> float:
+        return self.a + self.b * size + self.tail_sigmas * self.sigma
+
+    def largest_within(self, seconds: float, lo: int, hi: int) -> int:
+        """Largest B in [lo, hi] with predict(B) <= seconds, or 0 if none."""
+        if not self.ready:
+            return lo if seconds > 0 else 0
+        b = math.floor((seconds - self.a - self.tail_sigmas * self.sigma) / self.b)
+        return min(hi, b) if b >= lo else 0
+
+
+@dataclass
+class _Window:
+    lease: LeaseTerms
+    start: float
+    busy_s: float = 0.0
+    cpu_s: float = 0.0
+    overrun_s: float = 0.0
+    micro_batches: int = 0
+    samples: int = 0
+    steps: int = 0
+
+    @property
+    def end(self) -> float:
+        return self.start + self.lease.period_s
+
+
+@dataclass
+class BudgetEnforcer:
+    config: EnforcerConfig = field(default_factory=EnforcerConfig)
+
+    def __post_init__(self) -> None:
+        self.fit = StepTimeFit(self.config.fit_window, self.config.tail_sigmas)
+        self.step_times: deque[float] = deque(maxlen=16)
+        self.lease: LeaseTerms | None = None
+        self.window: _Window | None = None
+        self.epoch = 0
+        self.seq = -1
+        self.last_end_reason = ""
+        self._closed: list[WindowReport] = []
+
+    # --- lease events ----------------------------------------------------------------------------
+    def on_lease(self, terms: LeaseTerms) -> bool:
+        """Adopt a lease. Returns False (and ignores it) when it is stale: older epoch or sequence."""
+        if terms.epoch < self.epoch or (terms.epoch == self.epoch and terms.seq <= self.seq):
+            return False
+        now = terms.received_at
+        self._advance(now)
+        self.epoch, self.seq = terms.epoch, terms.seq
+        if self.window is not None and self.window.lease.period_s == terms.period_s:
+            # A renewal on the same grid: keep the current window and what it has used.
+            self.window.lease = terms
+        else:
+            if self.window is not None:
+                self._close(now, REPLACED)
+            self.window = _Window(terms, now)
+        self.lease = terms
+        return True
+
+    def on_revoke(self, now: float, lease_id: str = "", reason: str = REVOKED) -> bool:
+        """Drop the current lease (any lease when `lease_id` is empty). True when one was dropped."""
+        if self.lease is None or (lease_id and lease_id != self.lease.lease_id):
+            return False
+        self._advance(now)
+        if self.window is not None:
+            self._close(now, REVOKED)
+        self.lease, self.last_end_reason = None, reason
+        return True
+
+    # --- decisions -------------------------------------------------------------------------------
+    def close_windows(self, now: float) -> list[WindowReport]:
+        """Close every window that ended by `now` (period boundary or lease expiry); return all closed
+        since the last call, including those closed by lease events."""
+        self._advance(now)
+        out, self._closed = self._closed, []
+        return out
+
+    def _advance(self, now: float) -> None:
+        while self.window is not None:
+            lease = self.window.lease
+            if lease.expires_at <= min(now, self.window.end):
+                self._close(lease.expires_at, EXPIRED)
+                self.lease, self.last_end_reason = None, EXPIRED
+            elif self.window.end <= now:
+                end = self.window.end
+                self._close(end, PERIOD)
+                self.window = _Window(lease, end)
+            else:
+                break
+
+    def step_estimate(self) -> float:
+        if self.step_times:
+            return max(self.step_times)
+        return self.fit.predict(self.config.min_micro_batch) if self.fit.ready else 0.0
+
+    def decide(self, now: float, pending_samples: int = 0, step_samples: int = 1) -> Decision:
+        self._advance(now)
+        if self.lease is None or self.window is None:
+            return Idle(None, self.last_end_reason or "no-lease")
+        w, lease = self.window, self.lease
+        if lease.budget_s <= 0:
+            return Idle(min(w.end, lease.expires_at), "zero-lease")
+        hard_end = min(w.end, lease.expires_at)
+        remaining = min(lease.budget_s - w.busy_s, hard_end - now)
+        c = self.config
+        if c.fixed_micro_batch:
+            # Baseline ("naive greedy"): a fixed size, launched whenever any budget is left.
+            if remaining > 0:
+                return Launch(c.fixed_micro_batch, self.fit.predict(c.fixed_micro_batch) if self.fit.ready else 0.0)
+            if pending_samples >= step_samples and now < hard_end:
+                return StepNow(self.step_estimate())
+            return Idle(w.end if w.end < lease.expires_at else lease.expires_at, "budget-spent")
+        step_reserve = self.step_estimate()
+        plan = min(c.safety * remaining - step_reserve, c.max_batch_fraction * lease.period_s)
+        size = self.fit.largest_within(plan, c.min_micro_batch, c.max_micro_batch)
+        if size:
+            return Launch(size, self.fit.predict(size) if self.fit.ready else 0.0)
+        if pending_samples >= step_samples and remaining >= step_reserve:
+            return StepNow(step_reserve)
+        return Idle(w.end if w.end < lease.expires_at else lease.expires_at, "budget-spent")
+
+    # --- measurements ----------------------------------------------------------------------------
+    def record_micro_batch(self, size: int, started: float, ended: float, cpu_s: float = 0.0) -> None:
+        self.fit.add(size, ended - started)
+        self._account(started, ended, cpu_s, samples=size)
+
+    def record_step(self, started: float, ended: float, cpu_s: float = 0.0) -> None:
+        self.step_times.append(ended - started)
+        self._account(started, ended, cpu_s, step=True)
+
+    def _account(self, started: float, ended: float, cpu_s: float, samples: int = 0, step: bool = False) -> None:
+        w = self.window
+        if w is None or started < w.start:
+            return   # work of a window already closed (e.g. revoked mid-batch): its report is out
+        w.busy_s += ended - started
+        w.cpu_s += cpu_s
+        w.micro_batches += 0 if step else 1
+        w.samples += samples
+        w.steps += 1 if step else 0
+        over_budget = w.busy_s - w.lease.budget_s
+        past_end = ended - min(w.end, w.lease.expires_at)
+        w.overrun_s = max(w.overrun_s, over_budget, past_end, 0.0)
+
+    def _close(self, at: float, end: str) -> None:
+        w = self.window
+        covered = max(0.0, min(at, w.end) - w.start)
+        granted = min(w.lease.budget_s, covered)
+        self._closed.append(WindowReport(w.lease.lease_id, w.lease.sm_count, w.start, covered, granted,
+                                         w.busy_s, w.cpu_s, w.overrun_s, w.micro_batches, w.samples,
+                                         w.steps, end))
+        self.window = None
+
+    def next_deadline(self) -> float | None:
+        """When the enforcer next changes its mind without new input (period end or lease expiry)."""
+        if self.window is None:
+            return None
+        return min(self.window.end, self.window.lease.expires_at)

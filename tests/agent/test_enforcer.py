@@ -1,0 +1,190 @@
+"""The budget enforcer in virtual time: no torch, no clock, no sleeps.
+
+A fake device with an affine step time (plus seeded jitter) stands in for the GPU/CPU: it really
+"takes" the time the enforcer plans around, and the clock only moves by what it takes.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.config import EnforcerConfig
+from agent.enforcer import BudgetEnforcer, Idle, Launch, LeaseTerms, StepNow, StepTimeFit
+
+
+class AffineDevice:
+    """t(B) = a + b*B, with multiplicative jitter drawn from a seeded RNG."""
+
+    def __init__(self, a=0.002, b=0.0015, step=0.003, jitter=0.05, seed=0):
+        self.a, self.b, self.step, self.jitter = a, b, step, jitter
+        self.rng = random.Random(seed)
+
+    def micro_batch(self, size):
+        return (self.a + self.b * size) * (1 + self.rng.uniform(-self.jitter, self.jitter))
+
+    def optimizer_step(self):
+        return self.step * (1 + self.rng.uniform(-self.jitter, self.jitter))
+
+
+def lease(now, sm=4, period=0.05, valid=0.15, duty=0.6, seq=0, epoch=1, lease_id=None):
+    return LeaseTerms(lease_id or f"L{seq}", sm, period, valid, duty, now, epoch, seq)
+
+
+def drive(enf, dev, now, until, step_samples=8, renew=None, events=()):
+    """Run the trainer loop's skeleton in virtual time; returns (now, reports, busy intervals)."""
+    pending, reports, intervals = 0, [], []
+    events = sorted(events, key=lambda e: e[0])
+    while now < until:
+        while events and events[0][0] <= now:
+            events.pop(0)[1](now)
+        if renew is not None:
+            renew(now)
+        d = enf.decide(now, pending, step_samples)
+        if isinstance(d, Launch):
+            t = dev.micro_batch(d.size)
+            enf.record_micro_batch(d.size, now, now + t)
+            intervals.append((now, now + t))
+            now, pending = now + t, pending + d.size
+        elif isinstance(d, StepNow):
+            t = dev.optimizer_step()
+            enf.record_step(now, now + t)
+            intervals.append((now, now + t))
+            now, pending = now + t, 0
+        else:
+            nxt = [d.until] if d.until is not None else []
+            nxt += [e[0] for e in events[:1]]
+            now = min([*nxt, until]) if nxt else until
+            now = max(now, intervals[-1][1] if intervals else now) + 1e-6
+        reports += enf.close_windows(now)
+    return now, reports, intervals
+
+
+def renewer(enf, period, **kw):
+    state = {"next": 0.0, "seq": 0}
+
+    def renew(now):
+        if now >= state["next"]:
+            state["seq"] += 1
+            enf.on_lease(lease(now, period=period, seq=state["seq"], **kw))
+            state["next"] = now + period
+    return renew
+
+
+@pytest.mark.parametrize("period,duty", [(0.02, 1.0), (0.05, 0.6), (0.1, 0.3), (0.1, 1.0)])
+def test_leases_of_varying_size_are_honoured(period, duty):
+    enf, dev = BudgetEnforcer(EnforcerConfig()), AffineDevice(seed=int(period * 1000 + duty * 10))
+    _, reports, _ = drive(enf, dev, 0.0, 40 * period, renew=renewer(enf, period, duty=duty, valid=3 * period))
+    full = [r for r in reports if r.end == "period"][3:]          # skip the fit's warm-up
+    assert len(full) >= 30
+    granted = sum(r.granted_s for r in full)
+    busy = sum(r.busy_s for r in full)
+    assert busy <= granted * 1.02                                   # never more than the lease
+    assert busy >= granted * 0.75                                   # and not idle (utilisation is benched)
+    overruns = sorted(r.overrun_s for r in full)
+    assert overruns[int(0.99 * (len(overruns) - 1))] <= 0.1 * period
+
+
+def test_fixed_micro_batch_baseline_overruns_where_the_fit_does_not():
+    period = 0.02
+    fixed = BudgetEnforcer(EnforcerConfig(fixed_micro_batch=32))
+    _, reports, _ = drive(fixed, AffineDevice(seed=3), 0.0, 1.0, renew=renewer(fixed, period, duty=0.5))
+    assert max(r.overrun_s for r in reports) > 0.02                 # 32 samples take ~50 ms > 10 ms budget
+    fitted = BudgetEnforcer(EnforcerConfig())
+    _, reports, _ = drive(fitted, AffineDevice(seed=3), 0.0, 1.0, renew=renewer(fitted, period, duty=0.5))
+    assert sorted(r.overrun_s for r in reports)[-3] < 0.002
+
+
+def test_expiry_without_renewal_stops_work_within_one_micro_batch():
+    enf, dev = BudgetEnforcer(), AffineDevice()
+    enf.on_lease(lease(0.0, period=0.05, valid=0.12, duty=1.0, seq=1))
+    _, reports, intervals = drive(enf, dev, 0.0, 0.5)
+    last_end = max(e for _, e in intervals)
+    assert last_end <= 0.12 + 0.003                                 # plans end inside the lease
+    assert [r.end for r in reports][-1] == "expired"
+    assert isinstance(enf.decide(0.2), Idle) and enf.decide(0.2).reason == "expired"
+
+
+def test_revocation_stops_new_launches_immediately():
+    enf, dev = BudgetEnforcer(), AffineDevice()
+    enf.on_lease(lease(0.0, period=0.05, valid=10.0, duty=1.0, seq=1, lease_id="A"))
+    revoked_at = 0.1
+    _, reports, intervals = drive(enf, dev, 0.0, 0.3,
+                                  events=[(revoked_at, lambda now: enf.on_revoke(now, "A", "revoked"))])
+    started_after = [s for s, _ in intervals if s >= revoked_at]
+    assert started_after == []
+    in_flight = [e for s, e in intervals if s < revoked_at <= e]
+    assert all(e - revoked_at <= 0.025 for e in in_flight)          # at most one micro-batch (period/2 cap)
+    assert reports[-1].end == "revoked" and enf.decide(0.3).reason == "revoked"
+
+
+def test_revoke_for_another_lease_changes_nothing():
+    enf = BudgetEnforcer()
+    enf.on_lease(lease(0.0, seq=1, lease_id="A"))
+    assert not enf.on_revoke(0.01, "B")
+    assert isinstance(enf.decide(0.01), Launch)
+
+
+def test_stale_leases_are_ignored():
+    enf = BudgetEnforcer()
+    assert enf.on_lease(lease(0.0, seq=5, epoch=2))
+    assert not enf.on_lease(lease(0.01, seq=4, epoch=2))            # older sequence
+    assert not enf.on_lease(lease(0.01, seq=9, epoch=1))            # older broker epoch
+    assert enf.on_lease(lease(0.01, seq=0, epoch=3))                # xApp restarted: new epoch
+
+
+def test_zero_lease_launches_nothing():
+    enf = BudgetEnforcer()
+    enf.on_lease(lease(0.0, sm=0, seq=1))
+    d = enf.decide(0.0)
+    assert isinstance(d, Idle) and d.reason == "zero-lease" and d.until == pytest.approx(0.05)
+
+
+def test_no_lease_means_idle_forever():
+    assert BudgetEnforcer().decide(123.0) == Idle(None, "no-lease")
+
+
+def test_optimizer_step_is_reserved_and_taken_inside_the_window():
+    enf, dev = BudgetEnforcer(), AffineDevice(step=0.004)
+    _, reports, _ = drive(enf, dev, 0.0, 1.0, step_samples=4, renew=renewer(enf, 0.05, duty=0.8))
+    steady = [r for r in reports if r.end == "period"][3:]
+    assert all(r.steps == 1 for r in steady)
+    assert all(r.overrun_s <= 0.005 for r in steady)
+
+
+def test_renewal_keeps_the_period_grid_and_the_used_budget():
+    enf = BudgetEnforcer()
+    enf.on_lease(lease(0.0, seq=1, duty=0.5))
+    enf.record_micro_batch(4, 0.0, 0.02)
+    enf.on_lease(lease(0.03, seq=2, duty=0.5))
+    assert enf.next_deadline() == pytest.approx(0.05)
+    d = enf.decide(0.03)
+    assert isinstance(d, Idle) and d.reason == "budget-spent"       # 25 ms budget, 20 ms used, 5 ms < t(1)+margin
+
+
+def test_fit_recovers_affine_step_time():
+    fit, dev = StepTimeFit(window=64, tail_sigmas=0.0), AffineDevice(jitter=0.0)
+    for b in (1, 4, 8, 16, 32, 2):
+        fit.add(b, dev.micro_batch(b))
+    assert fit.a == pytest.approx(0.002) and fit.b == pytest.approx(0.0015)
+    assert fit.largest_within(0.002 + 0.0015 * 10, 1, 64) == 10
+
+
+@given(st.lists(st.tuples(st.integers(1, 64), st.floats(1e-4, 1.0)), min_size=1, max_size=40),
+       st.floats(0, 2.0))
+@settings(max_examples=100, deadline=None)
+def test_fit_never_plans_a_batch_it_predicts_too_long(points, budget):
+    fit = StepTimeFit(window=16)
+    for b, t in points:
+        fit.add(b, t)
+    size = fit.largest_within(budget, 1, 64)
+    assert size == 0 or fit.predict(size) <= budget + 1e-12
+
+
+def test_invalid_lease_terms_are_refused():
+    with pytest.raises(ValueError, match="duty"):
+        lease(0.0, duty=1.5)
+    with pytest.raises(ValueError, match="period"):
+        LeaseTerms("x", 1, 0.0, 1.0, 0.5, 0.0)
