@@ -1,0 +1,117 @@
+"""Hand-written APER reader for the hot E2AP message, RICindication (X.691 aligned PER, E2AP v2 IEs).
+
+Every E2 node sends one RICindication per subscription per reporting period, so `decode_e2ap` reads them
+here without pycrate (and without pycrate's lock). The reader accepts exactly the canonical encoding of the
+v2 RICindication: octet-aligned fields, zero padding bits, minimal length determinants, no extension
+additions, every open type consumed exactly, the whole input consumed. Anything else - a fragmented
+(>= 16 kB) field, an unknown or repeated IE, an extension bit, a truncation - raises `Unsupported`, and the
+caller decodes the same bytes with the pycrate reference path, which either returns the value or raises
+E2DecodeError. So the two paths can only differ if this reader accepts bytes and returns a different value,
+which tests/e2sm/test_fast_e2ap.py checks against the reference on generated and mutated messages.
+"""
+from __future__ import annotations
+
+from e2sm.e2ap import RicIndication, RicRequestId
+
+__all__ = ["Unsupported", "decode_ric_indication"]
+
+
+class Unsupported(Exception):
+    """The fast reader does not handle these bytes; decode them on the reference path."""
+
+
+# RICindication IE ids (E2AP v2 section 9.1.1.7) and the ones that must be present.
+_REQUEST_ID, _FUNCTION_ID, _ACTION_ID, _SN, _TYPE, _HEADER, _MESSAGE, _CALL_PROCESS_ID = 29, 5, 15, 27, 28, 25, 26, 20
+_MANDATORY = frozenset((_REQUEST_ID, _FUNCTION_ID, _ACTION_ID, _TYPE, _HEADER, _MESSAGE))
+
+
+def _length(data: bytes, i: int) -> tuple[int, int]:
+    """Unconstrained length determinant (X.691 11.9.3.6-8) at octet i -> (length, next offset).
+    Fragmented lengths (>= 16384) are left to the reference path; non-minimal forms too."""
+    b = data[i]
+    if b < 0x80:
+        return b, i + 1
+    if b < 0xC0:
+        n = ((b & 0x3F) << 8) | data[i + 1]
+        if n < 0x80:
+            raise Unsupported("non-minimal length determinant")
+        return n, i + 2
+    raise Unsupported("fragmented length")
+
+
+def decode_ric_indication(data: bytes) -> RicIndication:
+    """Decode a complete E2AP-PDU holding a RICindication, or raise Unsupported."""
+    try:
+        return _decode(data)
+    except IndexError:
+        raise Unsupported("truncated") from None
+
+
+def _decode(data: bytes) -> RicIndication:  # noqa: C901 - one straight pass over the IEs
+    # E2AP-PDU: CHOICE (ext bit 0, index 0 initiatingMessage) + pad, procedureCode 5, criticality ignore + pad
+    if data[0] != 0x00 or data[1] != 0x05 or data[2] != 0x40:
+        raise Unsupported("not a RICindication initiatingMessage")
+    length, i = _length(data, 3)
+    if i + length != len(data):
+        raise Unsupported("open type length does not match the PDU")
+    # RICindication SEQUENCE: ext bit 0 + pad; protocolIEs SIZE(0..65535) count as 16 aligned bits
+    if data[i] != 0x00:
+        raise Unsupported("RICindication extension bit or padding set")
+    count = (data[i + 1] << 8) | data[i + 2]
+    i += 3
+    request_id = function_id = action_id = sn = ind_type = header = message = call_process_id = None
+    seen: set[int] = set()
+    for _ in range(count):
+        ie_id = (data[i] << 8) | data[i + 1]
+        crit = data[i + 2]
+        if crit not in (0x00, 0x40, 0x80):     # reject / ignore / notify, padding bits zero
+            raise Unsupported("IE criticality")
+        n, j = _length(data, i + 3)
+        end = j + n
+        if end > len(data):
+            raise Unsupported("IE runs past the PDU")
+        if ie_id in seen:
+            raise Unsupported("repeated IE")
+        seen.add(ie_id)
+        if ie_id == _REQUEST_ID:
+            # RICrequestID SEQUENCE {ricRequestorID 0..65535, ricInstanceID 0..65535, ...}
+            if n != 5 or data[j] != 0x00:
+                raise Unsupported("RICrequestID shape")
+            request_id = RicRequestId((data[j + 1] << 8) | data[j + 2], (data[j + 3] << 8) | data[j + 4])
+        elif ie_id == _FUNCTION_ID:
+            if n != 2:
+                raise Unsupported("RANfunctionID shape")
+            function_id = (data[j] << 8) | data[j + 1]
+            if function_id > 4095:
+                raise Unsupported("RANfunctionID range")
+        elif ie_id == _ACTION_ID:
+            if n != 1:
+                raise Unsupported("RICactionID shape")
+            action_id = data[j]
+        elif ie_id == _SN:
+            if n != 2:
+                raise Unsupported("RICindicationSN shape")
+            sn = (data[j] << 8) | data[j + 1]
+        elif ie_id == _TYPE:
+            # ENUMERATED {report, insert, ...}: ext bit, 1 index bit, 6 zero pad bits
+            if n != 1 or data[j] not in (0x00, 0x40):
+                raise Unsupported("RICindicationType shape")
+            ind_type = "report" if data[j] == 0x00 else "insert"
+        elif ie_id in (_HEADER, _MESSAGE, _CALL_PROCESS_ID):
+            size, k = _length(data, j)
+            if k + size != end:
+                raise Unsupported("OCTET STRING does not fill its IE")
+            value = data[k:end]
+            if ie_id == _HEADER:
+                header = value
+            elif ie_id == _MESSAGE:
+                message = value
+            else:
+                call_process_id = value
+        else:
+            raise Unsupported(f"IE {ie_id}")
+        i = end
+    if i != len(data) or not _MANDATORY <= seen:
+        raise Unsupported("trailing bytes or a mandatory IE missing")
+    return RicIndication(request_id, function_id, action_id, header, message, sn=sn, indication_type=ind_type,
+                         call_process_id=call_process_id)
