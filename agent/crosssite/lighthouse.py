@@ -1,0 +1,120 @@
+"""Start and stop a torchft Lighthouse (the quorum service of the cross-site tier).
+
+The Lighthouse runs as its own process (torchft's `torchft_lighthouse` binary) so that killing a
+site never takes the quorum service with it, and so that it is stopped by pid, never by name.
+Run standalone: `python -m agent.crosssite.lighthouse --port 29510 --heartbeat-timeout-ms 400`.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class LighthouseConfig:
+    port: int = 0                    # 0 = pick a free port
+    min_replicas: int = 1
+    join_timeout_ms: int = 200       # how long a quorum waits for heartbeating stragglers
+    heartbeat_timeout_ms: int = 400  # keep below the round length: a dead site costs < 1 round
+    quorum_tick_ms: int = 20
+
+    def __post_init__(self) -> None:
+        for name in ("min_replicas", "join_timeout_ms", "heartbeat_timeout_ms", "quorum_tick_ms"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LighthouseConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"LighthouseConfig.port out of range: {self.port}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _binary() -> str:
+    here = Path(sys.executable).parent / "torchft_lighthouse"
+    found = str(here) if here.exists() else shutil.which("torchft_lighthouse")
+    if found is None:
+        raise FileNotFoundError("torchft_lighthouse not found: install torchft in the agent venv")
+    return found
+
+
+class Lighthouse:
+    """A Lighthouse child process; use as a context manager so it is always stopped."""
+
+    def __init__(self, config: LighthouseConfig = LighthouseConfig()):
+        self.config = config
+        self.port = config.port or _free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def addr(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 20.0) -> Lighthouse:
+        c = self.config
+        self.proc = subprocess.Popen(
+            [_binary(), "--bind", f"127.0.0.1:{self.port}", "--min_replicas", str(c.min_replicas),
+             "--join_timeout_ms", str(c.join_timeout_ms), "--heartbeat_timeout_ms", str(c.heartbeat_timeout_ms),
+             "--quorum_tick_ms", str(c.quorum_tick_ms)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"torchft_lighthouse exited with {self.proc.returncode} (port {self.port} taken?)")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"torchft_lighthouse did not listen on {self.port} within {timeout_s}s")
+
+    def stop(self) -> None:
+        p, self.proc = self.proc, None
+        if p is None or p.poll() is not None:
+            return
+        p.terminate()
+        try:
+            p.wait(3)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(3)
+
+    def __enter__(self) -> Lighthouse:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m agent.crosssite.lighthouse")
+    ap.add_argument("--port", type=int, default=29510)
+    ap.add_argument("--min-replicas", type=int, default=1)
+    ap.add_argument("--join-timeout-ms", type=int, default=100)
+    ap.add_argument("--heartbeat-timeout-ms", type=int, default=400)
+    args = ap.parse_args(argv)
+    lh = Lighthouse(LighthouseConfig(port=args.port, min_replicas=args.min_replicas,
+                                     join_timeout_ms=args.join_timeout_ms,
+                                     heartbeat_timeout_ms=args.heartbeat_timeout_ms)).start()
+    print(f"lighthouse {lh.addr}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while lh.proc is not None and lh.proc.poll() is None:
+            time.sleep(0.5)
+    finally:
+        lh.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""The round policy of the cross-site tier: how the sites' local work becomes one global update.
+
+Pure tensor arithmetic, no I/O and no collectives, so that the torchft tier (`tier.py`), the
+single-process bench (`bench.py`) and the tests all run the same maths.
+
+One round, seen from site i (compute-and-training-facts.md §6.2):
+  Δ_i = global − local_i                       pseudo-gradient after τ_i local steps over t_i tokens
+  g   = Σ t_i·Δ_i / Σ t_i                      token-weighted outer gradient (FedAvg weighting)
+  or, when step counts differ widely (FedNova): g = τ_eff · Σ t_i·(Δ_i/τ_i) / Σ t_i,
+        τ_eff = Σ t_i·τ_i / Σ t_i
+  global ← Nesterov-SGD(global, g)             DiLoCo's outer optimiser
+
+Everything a site contributes is a SUM, so a cross-site all-reduce of (payload, stats) is the whole
+protocol: a site with t_i = 0 contributes zeros and stays in the quorum without stalling it.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+# Layout of the small SUM-reduced statistics vector every site sends first.
+STAT_TOKENS, STAT_TOKEN_STEPS, STAT_TOKEN_STEPS2, STAT_CONTRIBUTORS, STAT_SITES = range(5)
+N_STATS = 5
+
+
+@dataclass(frozen=True)
+class RoundPolicy:
+    """Knobs of the outer step. Defaults follow DiLoCo (outer SGD, lr 0.7, Nesterov momentum 0.9)."""
+
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    # Switch to FedNova normalisation when the token-weighted coefficient of variation of the
+    # contributors' step counts exceeds this (0 = always, inf = never).
+    fednova_cv: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not (self.outer_lr > 0 and math.isfinite(self.outer_lr)):
+            raise ValueError(f"RoundPolicy.outer_lr must be a positive finite number, got {self.outer_lr}")
+        if not 0.0 <= self.outer_momentum < 1.0:
+            raise ValueError(f"RoundPolicy.outer_momentum must be in [0, 1), got {self.outer_momentum}")
+        if not self.fednova_cv >= 0:
+            raise ValueError(f"RoundPolicy.fednova_cv must be >= 0, got {self.fednova_cv}")
+
+
+@dataclass(frozen=True)
+class LocalWork:
+    """What one site did inside one round."""
+
+    tokens: int
+    steps: int
+    loss: float = float("nan")   # mean training loss of those steps
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0 or self.steps < 0:
+            raise ValueError(f"LocalWork needs tokens >= 0 and steps >= 0, got {self.tokens}, {self.steps}")
+        if (self.tokens == 0) != (self.steps == 0):
+            raise ValueError(f"LocalWork: tokens ({self.tokens}) and steps ({self.steps}) must be both zero or both > 0")
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """The SUM-reduced statistics of a round, identical on every site after the all-reduce."""
+
+    tokens: int
+    token_steps: float
+    token_steps2: float
+    contributors: int
+    sites: int
+
+    @classmethod
+    def from_tensor(cls, t: torch.Tensor) -> RoundStats:
+        v = t.tolist()
+        return cls(tokens=int(round(v[STAT_TOKENS])), token_steps=v[STAT_TOKEN_STEPS],
+                   token_steps2=v[STAT_TOKEN_STEPS2], contributors=int(round(v[STAT_CONTRIBUTORS])),
+                   sites=int(round(v[STAT_SITES])))
+
+    @property
+    def steps_cv(self) -> float:
+        """Token-weighted coefficient of variation of the contributors' step counts."""
+        if self.tokens <= 0 or self.token_steps <= 0:
+            return 0.0
+        mean = self.token_steps / self.tokens
+        var = max(self.token_steps2 / self.tokens - mean * mean, 0.0)
+        return math.sqrt(var) / mean
+
+    @property
+    def tau_eff(self) -> float:
+        return self.token_steps / self.tokens if self.tokens > 0 else 0.0
+
+
+def stats_tensor(work: LocalWork) -> torch.Tensor:
+    """This site's contribution to the statistics all-reduce (float64: token counts stay exact)."""
+    t = torch.zeros(N_STATS, dtype=torch.float64)
+    t[STAT_TOKENS] = work.tokens
+    t[STAT_TOKEN_STEPS] = work.tokens * work.steps
+    t[STAT_TOKEN_STEPS2] = work.tokens * work.steps * work.steps
+    t[STAT_CONTRIBUTORS] = 1.0 if work.tokens > 0 else 0.0
+    t[STAT_SITES] = 1.0
+    return t
+
+
+def use_fednova(stats: RoundStats, policy: RoundPolicy) -> bool:
+    """Same answer on every site, because it reads only the reduced statistics."""
+    return stats.contributors > 1 and stats.steps_cv > policy.fednova_cv
+
+
+def flatten(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
+
+
+def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    """Copy a flat vector back into `tensors` (in place, keeping their dtypes)."""
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset:offset + n].view_as(t))
+        offset += n
+    if offset != flat.numel():
+        raise ValueError(f"flat vector has {flat.numel()} elements, the tensors {offset}")
+
+
+def weighted_delta(global_flat: torch.Tensor, local_flat: torch.Tensor, work: LocalWork,
+                   fednova: bool) -> torch.Tensor:
+    """The vector this site sends: t_i·Δ_i, or t_i·Δ_i/τ_i under FedNova. Zero when it did nothing."""
+    if work.tokens == 0:
+        return torch.zeros_like(global_flat)
+    scale = work.tokens / work.steps if fednova else float(work.tokens)
+    return (global_flat - local_flat).mul_(scale)
+
+
+def outer_gradient(summed: torch.Tensor, stats: RoundStats, fednova: bool) -> torch.Tensor | None:
+    """Σ-reduced payload → outer gradient; None when no site did any work this round."""
+    if stats.tokens <= 0:
+        return None
+    g = summed / stats.tokens
+    if fednova:
+        g.mul_(stats.tau_eff)
+    return g
+
+
+def combine(global_flat: torch.Tensor, locals_: Sequence[tuple[torch.Tensor, LocalWork]],
+            policy: RoundPolicy) -> tuple[torch.Tensor | None, RoundStats, bool]:
+    """Single-process reference of one round's reduction (what the all-reduces compute together)."""
+    stats = RoundStats.from_tensor(sum((stats_tensor(w) for _, w in locals_), torch.zeros(N_STATS, dtype=torch.float64)))
+    fednova = use_fednova(stats, policy)
+    summed = torch.zeros_like(global_flat)
+    for local_flat, work in locals_:
+        summed += weighted_delta(global_flat, local_flat, work, fednova)
+    return outer_gradient(summed, stats, fednova), stats, fednova
+
+
+class OuterOptimizer:
+    """Nesterov SGD on the global parameters (a flat float32 vector), with a state dict for healing."""
+
+    def __init__(self, global_flat: torch.Tensor, policy: RoundPolicy):
+        self.params = global_flat
+        self.policy = policy
+        self._param = torch.nn.Parameter(global_flat, requires_grad=False)
+        self._opt = torch.optim.SGD([self._param], lr=policy.outer_lr, momentum=policy.outer_momentum,
+                                    nesterov=policy.outer_momentum > 0)
+
+    def step(self, grad: torch.Tensor) -> None:
+        if grad.shape != self.params.shape or not torch.isfinite(grad).all():
+            raise ValueError("outer gradient has the wrong shape or is not finite")
+        self._param.grad = grad
+        self._opt.step()
+        self._param.grad = None
+
+    def state_dict(self) -> dict:
+        return self._opt.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self._opt.load_state_dict(state)
+
+
+@dataclass
+class TokenLedger:
+    """Exactly-once accounting: tokens count only when their round commits.
+
+    `committed_total` is global (the same on every site, carried across heals); `committed_own` is
+    what this site contributed to committed rounds.
+    """
+
+    committed_rounds: int = 0
+    committed_total: int = 0
+    committed_own: int = 0
+    discarded_own: int = 0
+
+    def settle(self, own_tokens: int, round_tokens: int, committed: bool) -> None:
+        if committed:
+            self.committed_rounds += 1
+            self.committed_total += round_tokens
+            self.committed_own += own_tokens
+        else:
+            self.discarded_own += own_tokens
+
+    def state_dict(self) -> dict:
+        return {"committed_rounds": self.committed_rounds, "committed_total": self.committed_total}
+
+    def load_state_dict(self, state: dict) -> None:
+        # Own counters stay: they describe this process's work, not the global model.
+        self.committed_rounds = int(state["committed_rounds"])
+        self.committed_total = int(state["committed_total"])

@@ -1,0 +1,307 @@
+"""The inter-site tier: time-boxed, token-weighted rounds on torchft's Manager and Lighthouse.
+
+It wraps a trainer the way torchtitan's FaultTolerantTrainer does: the trainer owns the model, its
+inner optimiser and its budget, and exposes one callable, `local_work(deadline) -> LocalWork`, that
+trains until the wall-clock deadline within its leases. Without this tier the trainer runs alone.
+
+Per round (compute-and-training-facts.md §6.2), on the site leader:
+  1. `start_quorum()` (synchronous: joiners live-heal the global state from a healthy peer here);
+  2. agree on the round deadline: MAX all-reduce of each site's next wall-clock boundary;
+  3. announce a TransferPlan (bytes, deadline) and run local work until the deadline;
+  4. SUM all-reduce of the statistics (tokens, steps) — the time blocked here is the waiting time;
+  5. SUM all-reduce of t_i·Δ_i (FedNova-normalised when step counts differ widely);
+  6. `should_commit()`; on success the outer Nesterov step, and the round's tokens count;
+  7. every worker restarts from the global weights (a failed round is discarded everywhere).
+torchft's own DiLoCo class is not used: it syncs every H steps, which is the lockstep we avoid.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+
+import torch
+from torch.distributed import ReduceOp, TCPStore
+
+from agent.crosssite.aggregate import ErrorFeedback, SiteReducer, wire_bytes
+from agent.crosssite.rounds import (
+    LocalWork,
+    OuterOptimizer,
+    RoundPolicy,
+    RoundStats,
+    TokenLedger,
+    flatten,
+    outer_gradient,
+    stats_tensor,
+    unflatten_into,
+    use_fednova,
+    weighted_delta,
+)
+
+Clock = Callable[[], float]   # unix seconds; only the shell reads the real one
+Sleep = Callable[[float], None]
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """Everything a site needs to join; all of it arrives in the lease stream (CrossSiteConfig)."""
+
+    lighthouse_addr: str
+    site_id: str
+    round_ms: int = 1000
+    round_epoch_ms: int = 0            # unix ms of round 0's start: sites agree on boundaries
+    heartbeat_timeout_ms: int = 400    # enforced by the Lighthouse; here it sizes the heartbeat interval
+    compression: str = "none"          # wide-area wire format: none | bf16 (SUM all-reduce)
+    # The tail of each round is the transfer window: local work stops this much before the
+    # boundary, the all-reduces run inside it, and every site opens the next quorum at the boundary
+    # itself. Opening quorums together matters: the Lighthouse issues a "fast quorum" as soon as the
+    # previous members are back, so a site asking a few ms late would be left out for a round.
+    transfer_window_fraction: float = 0.15
+    min_work_fraction: float = 0.3     # a round whose quorum returns later than this gives up its work
+    timeout_s: float = 10.0            # collectives and should_commit
+    quorum_timeout_s: float = 60.0
+    policy: RoundPolicy = field(default_factory=RoundPolicy)
+
+    def __post_init__(self) -> None:
+        if not self.lighthouse_addr.startswith(("http://", "https://")):
+            raise ValueError(f"TierConfig.lighthouse_addr must be an http(s) URL, got {self.lighthouse_addr!r}")
+        if not self.site_id:
+            raise ValueError("TierConfig.site_id must not be empty")
+        if self.round_ms < 50:
+            raise ValueError(f"TierConfig.round_ms must be >= 50, got {self.round_ms}")
+        if self.heartbeat_timeout_ms < 10:
+            raise ValueError(f"TierConfig.heartbeat_timeout_ms must be >= 10, got {self.heartbeat_timeout_ms}")
+        if self.compression not in ("none", "bf16"):
+            raise ValueError(f"TierConfig.compression must be 'none' or 'bf16', got {self.compression!r}")
+        if not 0.0 < self.transfer_window_fraction < 1.0:
+            raise ValueError(f"TierConfig.transfer_window_fraction must be in (0, 1), got {self.transfer_window_fraction}")
+        if not 0.0 <= self.min_work_fraction < 1.0 - self.transfer_window_fraction:
+            raise ValueError(f"TierConfig.min_work_fraction must be in [0, 1 - transfer window), got {self.min_work_fraction}")
+
+    @classmethod
+    def from_proto(cls, msg, site_id: str, **overrides) -> TierConfig | None:
+        """From a `weaver.v1.CrossSiteConfig`; None when the coordinator disabled the tier."""
+        if not msg.lighthouse_addr:
+            return None
+        kw = dict(lighthouse_addr=msg.lighthouse_addr, site_id=site_id,
+                  round_ms=msg.round_ms or 1000, round_epoch_ms=msg.round_epoch_ms,
+                  heartbeat_timeout_ms=msg.heartbeat_timeout_ms or 400)
+        kw.update(overrides)
+        return cls(**kw)
+
+    @property
+    def round_s(self) -> float:
+        return self.round_ms / 1000.0
+
+    def boundary(self, k: int) -> float:
+        """Unix time at which round k starts."""
+        return self.round_epoch_ms / 1000.0 + k * self.round_s
+
+    def next_round(self, now: float) -> int:
+        """The round to open now: the current one if its start is at most a few ms past, else the next."""
+        k = math.floor((now - self.round_epoch_ms / 1000.0) / self.round_s)
+        return k if now - self.boundary(k) <= 0.02 * self.round_s else k + 1
+
+    def work_deadline(self, now: float) -> tuple[int, float]:
+        """(round, end of local work) for a quorum that returned at `now`: the first round whose work
+        phase still has min_work_fraction of a round left."""
+        k = math.floor((now - self.round_epoch_ms / 1000.0) / self.round_s)
+        while True:
+            end = self.boundary(k + 1) - self.transfer_window_fraction * self.round_s
+            if end - now >= self.min_work_fraction * self.round_s:
+                return k, end
+            k += 1
+
+
+@dataclass(frozen=True)
+class TransferPlan:
+    """The aggregate this site will put on the wide-area link: size and when it must have arrived."""
+
+    site_id: str
+    round: int
+    bytes: int
+    window_start_unix_ms: int
+    deadline_unix_ms: int
+    workers: int
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """Everything measured about one round at one site (a superset of weaver.v1.RoundReport)."""
+
+    site_id: str
+    round: int               # wall-clock round index (same on every site)
+    step: int                # committed rounds before this one (torchft step)
+    committed: bool
+    participants: int
+    tokens: int              # this site's tokens, all its workers (counted only if committed)
+    round_tokens: int        # all sites' tokens in this round
+    steps: int
+    contributors: int
+    fednova: bool
+    healed: bool
+    bytes_sent: int
+    wall_ms: float
+    work_ms: float
+    quorum_ms: float
+    wait_ms: float           # blocked at the end of the round waiting for the slowest site
+    idle_ms: float           # before the round: waiting for its boundary (the rest of the last transfer window)
+    committed_total: int     # global committed tokens after this round
+    loss: float
+    checksum: str            # of the global weights after the round
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def checksum(flat: torch.Tensor) -> str:
+    return hashlib.sha256(flat.detach().contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+class CrossSiteTier:
+    """One site's membership in the cross-site tier (the Manager lives on the site leader only)."""
+
+    def __init__(self, model: torch.nn.Module, config: TierConfig, *, clock: Clock = time.time,
+                 sleep: Sleep = time.sleep, reducer: SiteReducer | None = None,
+                 on_transfer_plan: Callable[[TransferPlan], None] | None = None,
+                 on_round: Callable[[RoundRecord], None] | None = None):
+        self.config = config
+        self.clock = clock
+        self.sleep = sleep
+        self.reducer = reducer or SiteReducer()
+        self.on_transfer_plan = on_transfer_plan
+        self.on_round = on_round
+        self.params = list(model.parameters())   # tied weights appear once
+        self.global_flat = flatten(self.params).clone()
+        self.outer = OuterOptimizer(self.global_flat, config.policy)
+        self.ledger = TokenLedger()
+        self.wan_feedback = ErrorFeedback(config.compression)
+        self.wire_bytes = wire_bytes(self.global_flat.numel(), config.compression)
+        self._healed = False
+        self.manager = None
+        self._store = None
+        if self.reducer.leader:
+            self._start_manager()
+
+    def _start_manager(self) -> None:
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo
+
+        c = self.config
+        self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=timedelta(seconds=c.timeout_s)),
+            load_state_dict=self._load_state_dict, state_dict=self._state_dict,
+            min_replica_size=1, use_async_quorum=False,
+            timeout=timedelta(seconds=c.timeout_s), quorum_timeout=timedelta(seconds=c.quorum_timeout_s),
+            connect_timeout=timedelta(seconds=c.timeout_s), rank=0, world_size=1,
+            store_addr="127.0.0.1", store_port=self._store.port, lighthouse_addr=c.lighthouse_addr,
+            replica_id=c.site_id, hostname="127.0.0.1",
+            heartbeat_interval=timedelta(milliseconds=max(10, min(100, c.heartbeat_timeout_ms // 4))),
+            init_sync=True)
+
+    # -- healing: a joiner receives exactly the global state, never a peer's half-trained weights --
+    def _state_dict(self) -> dict:
+        return {"global": self.global_flat, "outer": self.outer.state_dict(), "ledger": self.ledger.state_dict()}
+
+    def _load_state_dict(self, state: dict) -> None:
+        self.global_flat.copy_(state["global"])
+        self.outer.load_state_dict(state["outer"])
+        self.ledger.load_state_dict(state["ledger"])
+        self._healed = True
+
+    def _reset_local(self) -> None:
+        with torch.no_grad():
+            unflatten_into(self.global_flat, self.params)
+
+    def _allreduce(self, t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+        self.manager.allreduce(t, reduce_op=op).wait()
+        return t
+
+    def run_round(self, local_work: Callable[[float], LocalWork]) -> RoundRecord:
+        """One full round; returns its record (also passed to `on_round`)."""
+        c, red = self.config, self.reducer
+        t_idle = self.clock()
+        self.sleep(max(0.0, c.boundary(c.next_round(t_idle)) - t_idle))
+        t0 = self.clock()
+        self._healed = False
+        head = torch.zeros(4, dtype=torch.float64)   # round, deadline, participants, step
+        if red.leader:
+            self.manager.start_quorum()
+            k, deadline = c.work_deadline(self.clock())
+            proposal = torch.tensor([k, deadline], dtype=torch.float64)
+            self._allreduce(proposal, ReduceOp.MAX)
+            head[:2] = proposal
+            head[2] = self.manager.num_participants()
+            head[3] = self.manager.current_step()
+        red.broadcast(head)
+        if red.world_size > 1:   # a healed leader passes the global weights on to its workers
+            red.broadcast(self.global_flat)
+        self._reset_local()
+        k, deadline, participants, step = int(head[0]), float(head[1]), int(head[2]), int(head[3])
+        t_q = self.clock()
+
+        if red.leader and self.on_transfer_plan is not None:
+            self.on_transfer_plan(TransferPlan(
+                site_id=c.site_id, round=k, bytes=self.wire_bytes,
+                window_start_unix_ms=int(deadline * 1000), deadline_unix_ms=int(c.boundary(k + 1) * 1000),
+                workers=red.world_size))
+
+        errored = red.leader and self.manager.errored() is not None
+        work = LocalWork(0, 0) if errored or not math.isfinite(deadline) else local_work(deadline)
+        t_w = self.clock()
+
+        stats_t = red.reduce_stats(stats_tensor(work))
+        site_tokens = int(stats_t[0]) if red.leader else work.tokens   # the site's, not one worker's
+        if red.leader:
+            self._allreduce(stats_t, ReduceOp.SUM)
+        red.broadcast(stats_t)
+        t_s = self.clock()
+        errored = red.leader and self.manager.errored() is not None
+        stats = RoundStats.from_tensor(stats_t) if torch.isfinite(stats_t).all() else RoundStats(0, 0, 0, 0, 0)
+        fednova = use_fednova(stats, c.policy)
+
+        local_flat = flatten(self.params)
+        payload = red.reduce_payload(weighted_delta(self.global_flat, local_flat, work, fednova))
+        verdict = torch.zeros(1, dtype=torch.float64)
+        if red.leader:
+            wire = self.wan_feedback.compress(payload)
+            self._allreduce(wire, ReduceOp.SUM)
+            committed = self.manager.should_commit() and not errored
+            if committed:
+                g = outer_gradient(wire.to(torch.float32), stats, fednova)
+                if g is not None:
+                    self.outer.step(g)
+            else:
+                self.wan_feedback.rollback()
+            verdict[0] = float(committed)
+        red.broadcast(verdict)
+        committed = bool(verdict[0])
+        if red.world_size > 1:
+            red.broadcast(self.global_flat)
+        if not committed:
+            red.rollback()
+        self.ledger.settle(site_tokens, stats.tokens, committed)
+        self._reset_local()
+        t_end = self.clock()
+
+        rec = RoundRecord(
+            site_id=c.site_id, round=k, step=step, committed=committed, participants=participants,
+            tokens=site_tokens, round_tokens=stats.tokens if committed else 0, steps=work.steps,
+            contributors=stats.contributors, fednova=fednova, healed=self._healed,
+            bytes_sent=self.wire_bytes if red.leader else 0, wall_ms=(t_end - t0) * 1000,
+            idle_ms=(t0 - t_idle) * 1000,
+            work_ms=(t_w - t_q) * 1000, quorum_ms=(t_q - t0) * 1000, wait_ms=(t_s - t_w) * 1000,
+            committed_total=self.ledger.committed_total, loss=work.loss, checksum=checksum(self.global_flat))
+        if self.on_round is not None:
+            self.on_round(rec)
+        return rec
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.manager.shutdown(wait=False)
+            self.manager = None
+        self._store = None
