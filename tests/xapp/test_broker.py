@@ -1,0 +1,200 @@
+"""Lease broker over real gRPC (grpc.aio, loopback): the happy path, then every kind of bad request."""
+from __future__ import annotations
+
+import asyncio
+import math
+
+import grpc
+import pytest
+
+from schemas.proto.weaver.v1 import lease_pb2
+from xapp.agents import AgentBook
+from xapp.broker import LeaseBroker
+from xapp.config import XappConfig
+
+METHOD = "/weaver.v1.LeaseBroker/Session"
+
+
+def make_cfg(token_env=None, max_bytes=65536):
+    return XappConfig.from_controls({
+        "period_ms": 100, "policy": {"name": "weaver"},
+        "sites": [{"site_id": "s1", "nodes": ["n1"], "gpu_sms": 128}, {"site_id": "s2", "nodes": ["n2"]}],
+        "broker": {"listen": "127.0.0.1:0", "token_env": token_env, "max_message_bytes": max_bytes,
+                   "heartbeat_ms": 100, "lighthouse_addr": "http://127.0.0.1:29510", "round_ms": 5000}})
+
+
+def register(site="s1", token="", sm=128, gran=8, kind="cuda"):
+    return lease_pb2.AgentMessage(register=lease_pb2.Register(
+        site_id=site, agent_id="agent-1", token=token, mode="gpu",
+        device=lease_pb2.DeviceFacts(kind=kind, name="H200", sm_count=sm, granularity=gran)))
+
+
+async def _with_broker(cfg, body):
+    book = AgentBook(epoch=7, period_ms=100, valid_periods=3, heartbeat_ms=100, timeout_heartbeats=3)
+    ledger = []
+    broker = LeaseBroker(cfg, book, on_lease=lambda issued, what: ledger.append((issued.lease.lease_id, what)))
+    port = await broker.start("127.0.0.1:0")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            call_raw = ch.stream_stream(METHOD, request_serializer=lambda b: b,
+                                        response_deserializer=lease_pb2.BrokerMessage.FromString)
+            return await body(broker, call_raw, ledger)
+    finally:
+        await broker.stop(0.1)
+
+
+def run(cfg, body):
+    return asyncio.run(_with_broker(cfg, body))
+
+
+async def wait_for(pred, timeout=3.0):
+    for _ in range(int(timeout / 0.01)):
+        if pred():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def test_register_welcome_lease_heartbeat_usage_revoke():
+    async def body(broker, call_raw, ledger):
+        q: asyncio.Queue = asyncio.Queue()
+        q.put_nowait(register().SerializeToString())
+
+        async def requests():
+            while True:
+                item = await q.get()
+                if item is None:
+                    return
+                yield item
+
+        call = call_raw(requests())
+        welcome = await call.read()
+        assert welcome.welcome.site_id == "s1" and welcome.welcome.epoch == 7 and welcome.welcome.heartbeat_ms == 100
+        assert welcome.welcome.cross_site.lighthouse_addr == "http://127.0.0.1:29510"
+        assert welcome.welcome.cross_site.round_ms == 5000
+        first = await call.read()
+        assert first.WhichOneof("body") == "revoke" and first.revoke.lease_id == ""
+        assert broker.grant("s2", 8, "weaver") is None          # nobody connected for s2
+        issued = broker.grant("s1", 64, "weaver")
+        lease = (await call.read()).lease
+        assert lease == issued.lease
+        assert (lease.site_id, lease.sm_count, lease.period_ms, lease.valid_for_ms, lease.epoch, lease.seq) == \
+            ("s1", 64, 100, 300, 7, 1)
+        assert lease.duty == 0.5 and lease.lease_id == "s1.7.1"
+        q.put_nowait(lease_pb2.AgentMessage(heartbeat=lease_pb2.Heartbeat(seq=5)).SerializeToString())
+        hb = await call.read()
+        assert hb.heartbeat.seq == 5
+        q.put_nowait(lease_pb2.AgentMessage(usage=lease_pb2.UsageReport(
+            lease_id=lease.lease_id, sm_ms_used=3000.0, sm_ms_granted=6400.0, steps=3, tokens=100)).SerializeToString())
+        q.put_nowait(lease_pb2.AgentMessage(transfer=lease_pb2.TransferPlan(
+            round=1, bytes=1 << 20, deadline_unix_ms=123, workers=2)).SerializeToString())
+        await wait_for(lambda: broker.book.agents["s1"].reports == 1 and broker.book.agents["s1"].transfers)
+        assert broker.revoke("s1", "stale-kpm") is True
+        rv = await call.read()
+        assert rv.revoke.reason == "stale-kpm" and "s1" not in broker.book.leases
+        q.put_nowait(None)
+        return ledger
+
+    ledger = run(make_cfg(), body)
+    assert ledger == [("s1.7.1", "granted"), ("s1.7.1", "revoked")]
+
+
+async def _expect_error(call_raw, msgs, metadata=None):
+    async def requests():
+        for m in msgs:
+            yield m
+        await asyncio.sleep(5)
+
+    call = call_raw(requests(), metadata=metadata)
+    try:
+        async for _ in call:
+            pass
+    except grpc.aio.AioRpcError as err:
+        return err.code(), err.details()
+    raise AssertionError("stream ended without an error")
+
+
+@pytest.mark.parametrize("msgs, code, needle", [
+    ([b"\xff\xff\xff"], grpc.StatusCode.INVALID_ARGUMENT, "undecodable"),
+    ([b""], grpc.StatusCode.INVALID_ARGUMENT, "no body"),
+    ([lease_pb2.AgentMessage(heartbeat=lease_pb2.Heartbeat(seq=1)).SerializeToString()],
+     grpc.StatusCode.INVALID_ARGUMENT, "first message must be register"),
+    ([register(site="nowhere").SerializeToString()], grpc.StatusCode.INVALID_ARGUMENT, "unknown site"),
+    ([register(sm=0).SerializeToString()], grpc.StatusCode.INVALID_ARGUMENT, "sm_count"),
+    ([register(gran=256).SerializeToString()], grpc.StatusCode.INVALID_ARGUMENT, "granularity"),
+    ([register(kind="tpu").SerializeToString()], grpc.StatusCode.INVALID_ARGUMENT, "device.kind"),
+    ([register().SerializeToString(), register().SerializeToString()], grpc.StatusCode.INVALID_ARGUMENT, "twice"),
+    ([register().SerializeToString(), lease_pb2.AgentMessage(usage=lease_pb2.UsageReport(
+        lease_id="s1.7.1", sm_ms_used=math.nan)).SerializeToString()], grpc.StatusCode.INVALID_ARGUMENT, "sm_ms_used"),
+    ([register().SerializeToString(), lease_pb2.AgentMessage(usage=lease_pb2.UsageReport(
+        lease_id="", sm_ms_used=1)).SerializeToString()], grpc.StatusCode.INVALID_ARGUMENT, "lease_id"),
+])
+def test_bad_requests_get_invalid_argument_and_change_nothing(msgs, code, needle):
+    async def body(broker, call_raw, ledger):
+        got = await _expect_error(call_raw, msgs)
+        await wait_for(lambda: not broker.sessions)
+        return got, broker
+
+    (got_code, details), broker = run(make_cfg(), body)
+    assert got_code == code and needle in details
+    assert broker.book.leases == {} and broker.rejected == 1
+
+
+def test_oversized_message_is_refused():
+    async def body(broker, call_raw, ledger):
+        big = register()
+        big.register.capabilities.append("x" * 5000)
+        return await _expect_error(call_raw, [big.SerializeToString()])
+
+    code, _ = run(make_cfg(max_bytes=4096), body)
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_bearer_token_in_message_or_metadata(monkeypatch):
+    monkeypatch.setenv("TEST_AGENT_TOKEN", "s3cret")
+
+    async def body(broker, call_raw, ledger):
+        bad = await _expect_error(call_raw, [register(token="wrong").SerializeToString()])
+        none = await _expect_error(call_raw, [register().SerializeToString()])
+
+        async def one(msg, md=None):
+            async def reqs():
+                yield msg
+                await asyncio.sleep(5)
+            call = call_raw(reqs(), metadata=md)
+            w = await call.read()
+            call.cancel()
+            return w.welcome.site_id
+
+        ok1 = await one(register(token="s3cret").SerializeToString())
+        ok2 = await one(register().SerializeToString(), md=(("authorization", "Bearer s3cret"),))
+        return bad, none, ok1, ok2
+
+    bad, none, ok1, ok2 = run(make_cfg(token_env="TEST_AGENT_TOKEN"), body)
+    assert bad[0] == none[0] == grpc.StatusCode.UNAUTHENTICATED and "token" in bad[1]
+    assert ok1 == ok2 == "s1"
+
+
+def test_disconnect_revokes_the_site_lease_and_newer_registration_wins():
+    async def body(broker, call_raw, ledger):
+        async def reqs():
+            yield register().SerializeToString()
+            await asyncio.sleep(30)
+
+        a = call_raw(reqs())
+        await a.read()
+        await a.read()
+        broker.grant("s1", 32, "weaver")
+        await a.read()
+        b = call_raw(reqs())                      # the agent reconnects before the old stream died
+        await b.read()
+        await b.read()
+        assert await asyncio.wait_for(a.read(), 2) is grpc.aio.EOF   # the broker closed the old stream
+        assert broker.sessions["s1"] is not None and len(broker.book.agents) == 1
+        broker.grant("s1", 16, "weaver")
+        assert (await b.read()).lease.seq == 2
+        b.cancel()
+        await wait_for(lambda: not broker.sessions and "s1" not in broker.book.leases)
+        return True
+
+    assert run(make_cfg(), body)

@@ -1,0 +1,170 @@
+"""The broker's bookkeeping, with no gRPC in it: who is connected for which site, which lease each site
+holds, what agents report. `xapp.broker` is the gRPC shell around it; the control loop reads it.
+
+Validation lives here too so that a bad message is refused the same way however it arrives:
+`check_register` / `check_usage` raise `BadRequest` (the shell maps it to INVALID_ARGUMENT, or
+UNAUTHENTICATED for a token mismatch) naming the offending field.
+Times: `now` is the caller's monotonic seconds; `now_unix` is wall-clock seconds for the persisted ledger.
+"""
+from __future__ import annotations
+
+import hmac
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from schemas.proto.weaver.v1 import lease_pb2
+
+MODES = ("", "cpu", "cpu_preferred", "gpu_preferred", "gpu")
+MAX_ID = 128
+
+
+class BadRequest(ValueError):
+    """An agent message that breaks the contract; `code` is "invalid" or "unauthenticated"."""
+
+    def __init__(self, message: str, code: str = "invalid") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, kw_only=True)
+class Registration:
+    site_id: str
+    agent_id: str
+    kind: str
+    sm_count: int
+    granularity: int
+    capabilities: tuple[str, ...]
+    mode: str
+
+
+def _ident(value: str, name: str) -> str:
+    if not value or len(value) > MAX_ID or not value.isprintable():
+        raise BadRequest(f"{name}: must be 1..{MAX_ID} printable characters, got {value[:40]!r}")
+    return value
+
+
+def check_register(msg: lease_pb2.Register, known_sites: set[str], token: str | None,
+                   metadata_token: str | None = None) -> Registration:
+    if token is not None:
+        given = msg.token or metadata_token or ""
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise BadRequest("bad or missing bearer token", code="unauthenticated")
+    site = _ident(msg.site_id, "register.site_id")
+    if site not in known_sites:
+        raise BadRequest(f"register.site_id: unknown site {site!r} (known: {sorted(known_sites)})")
+    agent = _ident(msg.agent_id, "register.agent_id")
+    d = msg.device
+    if d.kind not in ("cuda", "cpu"):
+        raise BadRequest(f"register.device.kind: expected 'cuda' or 'cpu', got {d.kind!r}")
+    if not 0 < d.sm_count <= 4096:
+        raise BadRequest(f"register.device.sm_count: expected 1..4096, got {d.sm_count}")
+    if not 0 < d.granularity <= d.sm_count:
+        raise BadRequest(f"register.device.granularity: expected 1..sm_count, got {d.granularity}")
+    if msg.mode not in MODES:
+        raise BadRequest(f"register.mode: expected one of {MODES[1:]}, got {msg.mode!r}")
+    caps = tuple(_ident(c, "register.capabilities[]") for c in msg.capabilities)
+    return Registration(site_id=site, agent_id=agent, kind=d.kind, sm_count=d.sm_count, granularity=d.granularity,
+                        capabilities=caps, mode=msg.mode)
+
+
+def check_usage(u: lease_pb2.UsageReport) -> None:
+    for name in ("sm_ms_used", "sm_ms_granted", "overrun_ms", "window_ms"):
+        v = getattr(u, name)
+        if not math.isfinite(v) or v < 0:
+            raise BadRequest(f"usage.{name}: expected a finite number >= 0, got {v}")
+    if not u.lease_id or len(u.lease_id) > MAX_ID:
+        raise BadRequest("usage.lease_id: required, at most 128 characters")
+
+
+@dataclass
+class AgentState:
+    reg: Registration
+    session: int                         # increases per connection, so a replaced stream is recognisable
+    connected_at: float
+    last_seen: float
+    usage: deque = field(default_factory=lambda: deque(maxlen=256))
+    rounds: deque = field(default_factory=lambda: deque(maxlen=64))
+    transfers: deque = field(default_factory=lambda: deque(maxlen=64))
+    reports: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseIssued:
+    lease: lease_pb2.Lease
+    issued_unix: float
+    valid_until_unix: float
+
+
+class AgentBook:
+    """Agents by site (the latest registration for a site wins) and each site's current lease."""
+
+    def __init__(self, *, epoch: int, period_ms: int, valid_periods: int, heartbeat_ms: int,
+                 timeout_heartbeats: int) -> None:
+        self.epoch = epoch
+        self.period_ms = period_ms
+        self.valid_periods = valid_periods
+        self.heartbeat_ms = heartbeat_ms
+        self.timeout_heartbeats = timeout_heartbeats
+        self.agents: dict[str, AgentState] = {}
+        self.leases: dict[str, LeaseIssued] = {}        # site -> current (last issued) lease
+        self.seq: dict[str, int] = {}
+        self._sessions = 0
+
+    # connections
+    def connect(self, reg: Registration, now: float) -> tuple[int, AgentState | None]:
+        """Returns (session id, the agent it replaced or None)."""
+        self._sessions += 1
+        old = self.agents.get(reg.site_id)
+        self.agents[reg.site_id] = AgentState(reg=reg, session=self._sessions, connected_at=now, last_seen=now)
+        return self._sessions, old
+
+    def disconnect(self, site_id: str, session: int) -> bool:
+        a = self.agents.get(site_id)
+        if a is not None and a.session == session:
+            del self.agents[site_id]
+            return True
+        return False
+
+    def seen(self, site_id: str, session: int, now: float) -> AgentState | None:
+        a = self.agents.get(site_id)
+        if a is None or a.session != session:
+            return None
+        a.last_seen = now
+        return a
+
+    def lost(self, now: float) -> list[str]:
+        """Sites whose agent has been silent for `timeout_heartbeats` heartbeat intervals."""
+        limit = self.heartbeat_ms / 1000.0 * self.timeout_heartbeats
+        return [s for s, a in self.agents.items() if now - a.last_seen > limit]
+
+    def connected_sites(self) -> set[str]:
+        return set(self.agents)
+
+    # leases
+    def issue(self, site_id: str, sm_count: int, gpu_sms: int, reason: str, now_unix: float) -> LeaseIssued:
+        seq = self.seq.get(site_id, 0) + 1
+        self.seq[site_id] = seq
+        valid_ms = self.period_ms * self.valid_periods
+        lease = lease_pb2.Lease(
+            lease_id=f"{site_id}.{self.epoch}.{seq}", site_id=site_id, sm_count=sm_count, period_ms=self.period_ms,
+            valid_for_ms=valid_ms, epoch=self.epoch, seq=seq,
+            duty=min(1.0, sm_count / gpu_sms) if gpu_sms else 0.0, reason=reason)
+        issued = LeaseIssued(lease=lease, issued_unix=now_unix, valid_until_unix=now_unix + valid_ms / 1000.0)
+        self.leases[site_id] = issued
+        return issued
+
+    def revoke(self, site_id: str) -> LeaseIssued | None:
+        return self.leases.pop(site_id, None)
+
+    def record_usage(self, site_id: str, u: lease_pb2.UsageReport, now: float) -> bool:
+        """Keep a usage report; False (and not kept) when it names a lease this site never had in this epoch."""
+        a = self.agents.get(site_id)
+        if a is None:
+            return False
+        prefix = f"{site_id}.{self.epoch}."
+        if not u.lease_id.startswith(prefix):
+            return False
+        a.usage.append((now, u.sm_ms_used, u.sm_ms_granted, u.overrun_ms, u.steps, u.tokens, u.loss, u.mode))
+        a.reports += 1
+        return True

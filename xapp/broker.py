@@ -1,0 +1,248 @@
+"""gRPC lease broker: `weaver.v1.LeaseBroker/Session` (schemas/proto/weaver/v1/lease.proto) over grpc.aio.
+
+One long-lived bidi stream per agent. The agent's first message must be `Register` (bearer token in
+`Register.token` or `authorization: Bearer <t>` metadata when the broker requires one); the broker answers
+`Welcome` (site, epoch, heartbeat interval, CrossSiteConfig) and an empty `Revoke` ("every lease of this
+site"), so that an agent reconnecting to a restarted xApp drops anything from the previous epoch at once.
+Then leases and revocations flow down as the control loop decides them (`grant` / `revoke`), heartbeats
+are echoed, and usage, transfer plans and round reports flow up into the `AgentBook`.
+
+The method is registered with raw-bytes (de)serializers so that undecodable bytes are answered with
+INVALID_ARGUMENT and a message, not grpc's generic INTERNAL. Message size limits apply both ways.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from schemas.proto.weaver.v1 import lease_pb2
+from xapp.agents import AgentBook, BadRequest, LeaseIssued, check_register, check_usage
+from xapp.config import XappConfig
+
+log = logging.getLogger("weaver.xapp.broker")
+
+SERVICE = "weaver.v1.LeaseBroker"
+REGISTER_TIMEOUT_S = 10.0
+_CLOSE = object()
+
+
+class _Session:
+    def __init__(self, site_id: str, session: int, maxsize: int = 64) -> None:
+        self.site_id = site_id
+        self.session = session
+        self.out: asyncio.Queue = asyncio.Queue(maxsize)
+
+    def push(self, msg: lease_pb2.BrokerMessage) -> bool:
+        try:
+            self.out.put_nowait(msg)
+            return True
+        except asyncio.QueueFull:
+            return False
+
+    def close(self) -> None:
+        """End the stream writer; pending messages are dropped when the queue is full (the agent is stuck)."""
+        while True:
+            try:
+                self.out.put_nowait(_CLOSE)
+                return
+            except asyncio.QueueFull:
+                self.out.get_nowait()
+
+
+class LeaseBroker:
+    """The gRPC server plus the async side of lease issuance. `now` is monotonic, `wall` unix time."""
+
+    def __init__(self, cfg: XappConfig, book: AgentBook, *, now: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time,
+                 on_lease: Callable[[LeaseIssued, str], None] | None = None) -> None:
+        self.cfg = cfg
+        self.book = book
+        self.now = now
+        self.wall = wall
+        self.on_lease = on_lease              # ledger hook: (issued, "granted" | "revoked")
+        self.sessions: dict[str, _Session] = {}
+        self.events: deque = deque(maxlen=512)
+        self.rejected = 0
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+
+    # lifecycle
+    async def start(self, listen: str | None = None) -> int:
+        b = self.cfg.broker
+        opts = [("grpc.max_receive_message_length", b.max_message_bytes),
+                ("grpc.max_send_message_length", b.max_message_bytes)]
+        self.server = grpc.aio.server(options=opts)
+        handler = grpc.stream_stream_rpc_method_handler(self._session)   # raw bytes both ways
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Session": handler}),))
+        addr = listen or b.listen
+        if b.tls_cert and b.tls_key:
+            ca = Path(b.tls_client_ca).read_bytes() if b.tls_client_ca else None
+            creds = grpc.ssl_server_credentials([(Path(b.tls_key).read_bytes(), Path(b.tls_cert).read_bytes())],
+                                                root_certificates=ca, require_client_auth=ca is not None)
+            self.port = self.server.add_secure_port(addr, creds)
+            log.info("lease broker on %s (TLS%s)", addr, ", client certificates required" if ca else "")
+        else:
+            self.port = self.server.add_insecure_port(addr)
+            log.info("lease broker on %s (plaintext)", addr)
+        await self.server.start()
+        return self.port
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Revoke every lease first (RAN first), then close the streams."""
+        for site in list(self.sessions):
+            self.revoke(site, "xapp-shutdown")
+        for s in list(self.sessions.values()):
+            s.close()
+        if self.server is not None:
+            await asyncio.sleep(0)            # let the revocations reach the stream writers
+            await self.server.stop(grace)
+
+    # decisions from the control loop
+    def cross_site(self) -> lease_pb2.CrossSiteConfig:
+        b = self.cfg.broker
+        return lease_pb2.CrossSiteConfig(lighthouse_addr=b.lighthouse_addr, round_ms=b.round_ms,
+                                         round_epoch_ms=b.round_epoch_ms,
+                                         heartbeat_timeout_ms=b.heartbeat_ms * b.agent_timeout_heartbeats)
+
+    def grant(self, site_id: str, sm_count: int, reason: str) -> LeaseIssued | None:
+        """Issue (or renew) the site's lease; None when no agent is connected for the site."""
+        s = self.sessions.get(site_id)
+        site = self.cfg.site(site_id)
+        if s is None or site is None:
+            return None
+        issued = self.book.issue(site_id, sm_count, site.gpu_sms, reason, self.wall())
+        if not s.push(lease_pb2.BrokerMessage(lease=issued.lease)):
+            self._drop(s, "agent not reading its stream")
+            return None
+        if self.on_lease:
+            self.on_lease(issued, "granted")
+        return issued
+
+    def revoke(self, site_id: str, reason: str) -> bool:
+        issued = self.book.revoke(site_id)
+        s = self.sessions.get(site_id)
+        if s is not None:
+            s.push(lease_pb2.BrokerMessage(revoke=lease_pb2.Revoke(lease_id="", reason=reason)))
+        if issued is not None:
+            self.events.append((self.wall(), site_id, "revoke", reason))
+            if self.on_lease:
+                self.on_lease(issued, "revoked")
+        return issued is not None
+
+    def _drop(self, s: _Session, why: str) -> None:
+        log.warning("site %s: closing agent stream (%s)", s.site_id, why)
+        self.book.revoke(s.site_id)
+        self.sessions.pop(s.site_id, None)
+        self.book.disconnect(s.site_id, s.session)
+        s.close()
+
+    # the RPC
+    @staticmethod
+    def _metadata_token(context) -> str | None:
+        for k, v in context.invocation_metadata() or ():
+            if k == "authorization" and isinstance(v, str) and v.startswith("Bearer "):
+                return v[len("Bearer "):]
+        return None
+
+    @staticmethod
+    def _parse(raw: bytes) -> lease_pb2.AgentMessage:
+        m = lease_pb2.AgentMessage()
+        try:
+            m.ParseFromString(raw)
+        except DecodeError as exc:
+            raise BadRequest(f"undecodable AgentMessage ({len(raw)} bytes): {exc}") from None
+        if m.WhichOneof("body") is None:
+            raise BadRequest("AgentMessage with no body")
+        return m
+
+    async def _session(self, request_iterator, context):
+        it = request_iterator.__aiter__()
+        try:
+            raw = await asyncio.wait_for(it.__anext__(), REGISTER_TIMEOUT_S)
+            first = self._parse(raw)
+            if first.WhichOneof("body") != "register":
+                raise BadRequest(f"first message must be register, got {first.WhichOneof('body')}")
+            reg = check_register(first.register, {s.site_id for s in self.cfg.sites}, self.cfg.broker.token(),
+                                 self._metadata_token(context))
+        except (StopAsyncIteration, TimeoutError):
+            return
+        except BadRequest as exc:
+            self.rejected += 1
+            log.warning("agent refused: %s", exc)
+            code = grpc.StatusCode.UNAUTHENTICATED if exc.code == "unauthenticated" else grpc.StatusCode.INVALID_ARGUMENT
+            await context.abort(code, str(exc))
+            return
+
+        sid, old = self.book.connect(reg, self.now())
+        if old is not None and reg.site_id in self.sessions:
+            self.sessions[reg.site_id].close()     # the newer registration for a site wins
+        sess = _Session(reg.site_id, sid)
+        self.sessions[reg.site_id] = sess
+        self.events.append((self.wall(), reg.site_id, "agent-connected", reg.agent_id))
+        log.info("agent %s connected for site %s (%s, %d SMs / %d)", reg.agent_id, reg.site_id, reg.kind,
+                 reg.sm_count, reg.granularity)
+        yield lease_pb2.BrokerMessage(welcome=lease_pb2.Welcome(
+            site_id=reg.site_id, epoch=self.book.epoch, heartbeat_ms=self.cfg.broker.heartbeat_ms,
+            cross_site=self.cross_site())).SerializeToString()
+        yield lease_pb2.BrokerMessage(revoke=lease_pb2.Revoke(lease_id="", reason="new-session")).SerializeToString()
+
+        error: list[BadRequest] = []
+        reader = asyncio.ensure_future(self._read(it, sess, error))
+        try:
+            while True:
+                msg = await sess.out.get()
+                if msg is _CLOSE:
+                    break
+                yield msg.SerializeToString()
+            if error:
+                self.rejected += 1
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error[0]))
+        finally:
+            reader.cancel()
+            if self.sessions.get(reg.site_id) is sess:
+                del self.sessions[reg.site_id]
+                if self.book.revoke(reg.site_id) is not None:
+                    self.events.append((self.wall(), reg.site_id, "revoke", "agent-disconnected"))
+            self.book.disconnect(reg.site_id, sid)
+            self.events.append((self.wall(), reg.site_id, "agent-disconnected", reg.agent_id))
+
+    async def _read(self, it, sess: _Session, error: list) -> None:
+        try:
+            async for raw in it:
+                m = self._parse(raw)
+                kind = m.WhichOneof("body")
+                now = self.now()
+                agent = self.book.seen(sess.site_id, sess.session, now)
+                if agent is None:
+                    break
+                if kind == "heartbeat":
+                    sess.push(lease_pb2.BrokerMessage(heartbeat=lease_pb2.Heartbeat(
+                        seq=m.heartbeat.seq, sent_unix_ms=int(self.wall() * 1000))))
+                elif kind == "usage":
+                    check_usage(m.usage)
+                    if not self.book.record_usage(sess.site_id, m.usage, now):
+                        log.info("site %s: usage for unknown lease %s ignored", sess.site_id, m.usage.lease_id)
+                elif kind == "transfer":
+                    t = m.transfer
+                    agent.transfers.append((t.round, t.bytes, t.deadline_unix_ms, t.workers))
+                elif kind == "round":
+                    r = m.round
+                    agent.rounds.append((r.round, r.committed, r.participants, r.tokens, r.bytes_sent,
+                                         r.wall_ms, r.wait_ms))
+                elif kind == "register":
+                    raise BadRequest("register sent twice on one stream")
+        except BadRequest as exc:
+            log.warning("site %s: agent message refused: %s", sess.site_id, exc)
+            error.append(exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - stream torn down by the peer
+            log.info("site %s: agent stream ended: %s", sess.site_id, exc)
+        sess.close()
