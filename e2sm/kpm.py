@@ -1,0 +1,926 @@
+"""E2SM-KPM v02.03 / v03.00: typed messages and their APER codecs.
+
+Every message is a frozen dataclass validated when built. `encode_*(obj, version)` and
+`decode_*(data, version)` take the KPM version explicitly: it is a property of the E2 node (from its
+RAN function OID, `kpm_version_from_oid`, plus any per-node override), never guessed from bytes.
+
+The two versions differ only in TimeStamp (4 octets in v2.03, 8 in v3.00), which appears only in the
+indication header. So event triggers, action definitions, indication messages and RAN function
+descriptions are the same bytes under both versions, and decoding them is version-independent. The
+header is where a mismatch bites (srsRAN advertises the v2 OID and sends 8-octet timestamps): a
+header decoded under the wrong version either leaves bytes over, runs out of data, or yields
+implausible strings, and all three raise `E2DecodeError` naming a probable version mismatch.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from e2sm import _asn1
+from e2sm.common import NrCgi, UeId, ue_id_from_asn1
+from e2sm.errors import E2DecodeError, E2EncodeError
+
+KPM_OID_V2 = "1.3.6.1.4.1.53148.1.2.2.2"
+KPM_OID_V3 = "1.3.6.1.4.1.53148.1.3.2.2"
+U32 = (1 << 32) - 1
+
+
+class KpmVersion(enum.Enum):
+    V2_03 = "kpm-v2.03"
+    V3_00 = "kpm-v3.00"
+
+    @property
+    def module(self) -> str:
+        return self.value
+
+    @property
+    def timestamp_octets(self) -> int:
+        return 4 if self is KpmVersion.V2_03 else 8
+
+
+def kpm_version_from_oid(oid: str) -> KpmVersion:
+    """KPM version from a RAN function OID (matched by prefix, as e2-facts section 5 advises)."""
+    if oid == KPM_OID_V2 or oid.startswith("1.3.6.1.4.1.53148.1.2.2"):
+        return KpmVersion.V2_03
+    if oid == KPM_OID_V3 or oid.startswith("1.3.6.1.4.1.53148.1.3.2"):
+        return KpmVersion.V3_00
+    raise ValueError(f"{oid!r} is not an E2SM-KPM OID")
+
+
+def _check_int(name: str, value: Any, lo: int, hi: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an int in {lo}..{hi}, got {value!r}")
+
+
+def _check_printable(name: str, value: Any, lo: int, hi: int) -> None:
+    if not isinstance(value, str) or not lo <= len(value) <= hi or not _is_printable(value):
+        raise ValueError(f"{name} must be a PrintableString of {lo}..{hi} chars, got {value!r}")
+
+
+_PRINTABLE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 '()+,-./:=?")
+
+
+def _is_printable(text: str) -> bool:
+    return all(c in _PRINTABLE for c in text)
+
+
+def _tuple(name: str, value: Any, lo: int = 1) -> tuple:
+    if not isinstance(value, tuple) or len(value) < lo:
+        raise ValueError(f"{name} must be a tuple of at least {lo} items, got {value!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks
+
+
+@dataclass(frozen=True)
+class Snssai:
+    """S-NSSAI: slice/service type (1 octet) and optional slice differentiator (3 octets)."""
+
+    sst: int = 1
+    sd: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("SST", self.sst, 0, 255)
+        if self.sd is not None:
+            _check_int("SD", self.sd, 0, (1 << 24) - 1)
+
+    def to_asn1(self) -> dict:
+        v: dict[str, Any] = {"sST": bytes([self.sst])}
+        if self.sd is not None:
+            v["sD"] = self.sd.to_bytes(3, "big")
+        return v
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> Snssai:
+        sd = v.get("sD")
+        return cls(v["sST"][0], int.from_bytes(sd, "big") if sd is not None else None)
+
+
+@dataclass(frozen=True)
+class MeasLabel:
+    """A measurement label. `MeasLabel()` is noLabel; `snssai` is the per-slice label.
+
+    `other` keeps any further MeasurementLabel components a node sends (fiveQI, plmnID, ...) as
+    (component name, asn1tools value) pairs, so that decoding loses nothing and re-encodes exactly.
+    """
+
+    snssai: Snssai | None = None
+    other: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.snssai is not None and not isinstance(self.snssai, Snssai):
+            raise ValueError(f"snssai must be a Snssai, got {self.snssai!r}")
+        if not isinstance(self.other, tuple) or any(
+            not isinstance(p, tuple) or len(p) != 2 or p[0] in ("noLabel", "sliceID") for p in self.other
+        ):
+            raise ValueError(f"other must be (name, value) pairs other than noLabel/sliceID, got {self.other!r}")
+
+    @property
+    def is_no_label(self) -> bool:
+        return self.snssai is None and not self.other
+
+    def to_asn1(self) -> dict:
+        if self.is_no_label:
+            return {"noLabel": "true"}
+        v: dict[str, Any] = {}
+        if self.snssai is not None:
+            v["sliceID"] = self.snssai.to_asn1()
+        v.update(self.other)
+        return v
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> MeasLabel:
+        snssai = Snssai.from_asn1(v["sliceID"]) if "sliceID" in v else None
+        other = tuple((k, x) for k, x in v.items() if k not in ("noLabel", "sliceID"))
+        return cls(snssai, other)
+
+
+def _meas_type_to_asn1(name: str | int) -> tuple[str, Any]:
+    return ("measID", name) if isinstance(name, int) else ("measName", name)
+
+
+def _check_meas_type(name: Any) -> None:
+    if isinstance(name, int) and not isinstance(name, bool):
+        _check_int("measID", name, 1, 65536)
+    else:
+        _check_printable("measName", name, 1, 150)
+
+
+@dataclass(frozen=True)
+class MeasInfo:
+    """One requested/reported measurement: TS 28.552 name (or a numeric measID) plus labels."""
+
+    name: str | int
+    labels: tuple[MeasLabel, ...] = (MeasLabel(),)
+
+    def __post_init__(self) -> None:
+        _check_meas_type(self.name)
+        for lab in _tuple("labels", self.labels):
+            if not isinstance(lab, MeasLabel):
+                raise ValueError(f"labels must hold MeasLabel, got {lab!r}")
+
+    def to_asn1(self) -> dict:
+        return {
+            "measType": _meas_type_to_asn1(self.name),
+            "labelInfoList": [{"measLabel": lab.to_asn1()} for lab in self.labels],
+        }
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> MeasInfo:
+        return cls(v["measType"][1], tuple(MeasLabel.from_asn1(i["measLabel"]) for i in v["labelInfoList"]))
+
+
+@dataclass(frozen=True)
+class TestCond:
+    """TestCondInfo: a test type (e.g. "gBR", "sNSSAI"), optional expression and value.
+
+    `value` is (alternative, value) as in TestCond-Value, e.g. ("valueInt", 5), because valueInt and
+    valueEnum are both integers and only the alternative tells them apart.
+    """
+
+    test_type: str
+    expr: str | None = None
+    value: tuple[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.test_type, str):
+            raise ValueError("test_type must be a string")
+
+    def to_asn1(self) -> dict:
+        v: dict[str, Any] = {"testType": (self.test_type, "true")}
+        if self.expr is not None:
+            v["testExpr"] = self.expr
+        if self.value is not None:
+            v["testValue"] = self.value
+        return v
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> TestCond:
+        kind, _ = v["testType"]
+        if kind is None:
+            raise E2DecodeError("unknown TestCond-Type extension alternative")
+        value = v.get("testValue")
+        if value is not None and value[0] is None:
+            raise E2DecodeError("unknown TestCond-Value extension alternative")
+        return cls(kind, v.get("testExpr"), value)
+
+
+MatchCond = MeasLabel | TestCond
+
+
+def _match_cond_to_asn1(c: MatchCond) -> tuple[str, Any]:
+    return ("measLabel", c.to_asn1()) if isinstance(c, MeasLabel) else ("testCondInfo", c.to_asn1())
+
+
+def _match_cond_from_asn1(v: tuple[str, Any]) -> MatchCond:
+    kind, body = v
+    if kind == "measLabel":
+        return MeasLabel.from_asn1(body)
+    if kind == "testCondInfo":
+        return TestCond.from_asn1(body)
+    raise E2DecodeError("unknown MatchingCondItem extension alternative")
+
+
+def _check_conds(conds: Any) -> None:
+    for c in _tuple("matching conditions", conds):
+        if not isinstance(c, (MeasLabel, TestCond)):
+            raise ValueError(f"a matching condition must be MeasLabel or TestCond, got {c!r}")
+
+
+@dataclass(frozen=True)
+class MeasCond:
+    """MeasurementCondItem (action definition format 3): a measurement and its matching conditions."""
+
+    name: str | int
+    conds: tuple[MatchCond, ...]
+
+    def __post_init__(self) -> None:
+        _check_meas_type(self.name)
+        _check_conds(self.conds)
+
+    def to_asn1(self) -> dict:
+        return {"measType": _meas_type_to_asn1(self.name), "matchingCond": [_match_cond_to_asn1(c) for c in self.conds]}
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> MeasCond:
+        return cls(v["measType"][1], tuple(_match_cond_from_asn1(c) for c in v["matchingCond"]))
+
+
+@dataclass(frozen=True)
+class MeasCondUe:
+    """MeasurementCondUEidItem (indication message format 2): conditions plus the matching UEs."""
+
+    name: str | int
+    conds: tuple[MatchCond, ...]
+    ue_ids: tuple[UeId, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _check_meas_type(self.name)
+        _check_conds(self.conds)
+        if self.ue_ids is not None:
+            _tuple("ue_ids", self.ue_ids)
+
+    def to_asn1(self) -> dict:
+        v: dict[str, Any] = {
+            "measType": _meas_type_to_asn1(self.name),
+            "matchingCond": [_match_cond_to_asn1(c) for c in self.conds],
+        }
+        if self.ue_ids is not None:
+            v["matchingUEidList"] = [{"ueID": u.to_asn1()} for u in self.ue_ids]
+        return v
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> MeasCondUe:
+        ues = v.get("matchingUEidList")
+        return cls(
+            v["measType"][1],
+            tuple(_match_cond_from_asn1(c) for c in v["matchingCond"]),
+            tuple(ue_id_from_asn1(u["ueID"]) for u in ues) if ues is not None else None,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Event trigger
+
+
+@dataclass(frozen=True)
+class KpmEventTrigger:
+    """Event trigger format 1: report every `period_ms` milliseconds."""
+
+    period_ms: int
+
+    def __post_init__(self) -> None:
+        _check_int("reportingPeriod", self.period_ms, 1, U32)
+
+
+def encode_event_trigger(obj: KpmEventTrigger, version: KpmVersion) -> bytes:
+    value = {"eventDefinition-formats": ("eventDefinition-Format1", {"reportingPeriod": obj.period_ms})}
+    return _asn1.encode(version.module, "E2SM-KPM-EventTriggerDefinition", value)
+
+
+def decode_event_trigger(data: bytes, version: KpmVersion) -> KpmEventTrigger:
+    v = _asn1.decode(version.module, "E2SM-KPM-EventTriggerDefinition", data)
+    kind, body = v["eventDefinition-formats"]
+    if kind != "eventDefinition-Format1":
+        raise E2DecodeError("unknown event trigger format", "E2SM-KPM-EventTriggerDefinition")
+    return KpmEventTrigger(body["reportingPeriod"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Action definition
+
+
+@dataclass(frozen=True)
+class ActionDefFormat1:
+    """Node-level measurements (report style 1)."""
+
+    meas: tuple[MeasInfo, ...]
+    granul_period_ms: int
+    cell_global_id: NrCgi | None = None
+
+    def __post_init__(self) -> None:
+        for m in _tuple("meas", self.meas):
+            if not isinstance(m, MeasInfo):
+                raise ValueError(f"meas must hold MeasInfo, got {m!r}")
+        _check_int("granulPeriod", self.granul_period_ms, 1, U32)
+        if self.cell_global_id is not None and not isinstance(self.cell_global_id, NrCgi):
+            raise ValueError("cell_global_id must be an NrCgi")
+
+    def to_asn1(self) -> dict:
+        v: dict[str, Any] = {"measInfoList": [m.to_asn1() for m in self.meas], "granulPeriod": self.granul_period_ms}
+        if self.cell_global_id is not None:
+            v["cellGlobalID"] = self.cell_global_id.to_asn1()
+        return v
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> ActionDefFormat1:
+        cgi = v.get("cellGlobalID")
+        return cls(
+            tuple(MeasInfo.from_asn1(m) for m in v["measInfoList"]),
+            v["granulPeriod"],
+            NrCgi.from_asn1(cgi) if cgi is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class ActionDefFormat2:
+    """One UE's measurements (report style 2)."""
+
+    ue_id: UeId
+    subscription: ActionDefFormat1
+
+    def to_asn1(self) -> dict:
+        return {"ueID": self.ue_id.to_asn1(), "subscriptInfo": self.subscription.to_asn1()}
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> ActionDefFormat2:
+        return cls(ue_id_from_asn1(v["ueID"]), ActionDefFormat1.from_asn1(v["subscriptInfo"]))
+
+
+@dataclass(frozen=True)
+class ActionDefFormat3:
+    """Condition-based, UE-level measurements (report style 3)."""
+
+    conds: tuple[MeasCond, ...]
+    granul_period_ms: int
+    cell_global_id: NrCgi | None = None
+
+    def __post_init__(self) -> None:
+        for c in _tuple("conds", self.conds):
+            if not isinstance(c, MeasCond):
+                raise ValueError(f"conds must hold MeasCond, got {c!r}")
+        _check_int("granulPeriod", self.granul_period_ms, 1, U32)
+
+    def to_asn1(self) -> dict:
+        v: dict[str, Any] = {"measCondList": [c.to_asn1() for c in self.conds], "granulPeriod": self.granul_period_ms}
+        if self.cell_global_id is not None:
+            v["cellGlobalID"] = self.cell_global_id.to_asn1()
+        return v
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> ActionDefFormat3:
+        cgi = v.get("cellGlobalID")
+        return cls(
+            tuple(MeasCond.from_asn1(c) for c in v["measCondList"]),
+            v["granulPeriod"],
+            NrCgi.from_asn1(cgi) if cgi is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class ActionDefFormat4:
+    """Measurements of every UE matching common conditions (report style 4)."""
+
+    ue_conds: tuple[TestCond, ...]
+    subscription: ActionDefFormat1
+
+    def __post_init__(self) -> None:
+        for c in _tuple("ue_conds", self.ue_conds):
+            if not isinstance(c, TestCond):
+                raise ValueError(f"ue_conds must hold TestCond, got {c!r}")
+
+    def to_asn1(self) -> dict:
+        return {
+            "matchingUeCondList": [{"testCondInfo": c.to_asn1()} for c in self.ue_conds],
+            "subscriptionInfo": self.subscription.to_asn1(),
+        }
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> ActionDefFormat4:
+        return cls(
+            tuple(TestCond.from_asn1(c["testCondInfo"]) for c in v["matchingUeCondList"]),
+            ActionDefFormat1.from_asn1(v["subscriptionInfo"]),
+        )
+
+
+@dataclass(frozen=True)
+class ActionDefFormat5:
+    """Measurements of a list of UEs (report style 5; the standard needs at least 2 UE IDs)."""
+
+    ue_ids: tuple[UeId, ...]
+    subscription: ActionDefFormat1
+
+    def __post_init__(self) -> None:
+        _tuple("ue_ids", self.ue_ids, lo=2)
+
+    def to_asn1(self) -> dict:
+        return {
+            "matchingUEidList": [{"ueID": u.to_asn1()} for u in self.ue_ids],
+            "subscriptionInfo": self.subscription.to_asn1(),
+        }
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> ActionDefFormat5:
+        return cls(
+            tuple(ue_id_from_asn1(u["ueID"]) for u in v["matchingUEidList"]),
+            ActionDefFormat1.from_asn1(v["subscriptionInfo"]),
+        )
+
+
+ActionDefFormat = ActionDefFormat1 | ActionDefFormat2 | ActionDefFormat3 | ActionDefFormat4 | ActionDefFormat5
+_ACTION_FORMATS: dict[type, str] = {
+    ActionDefFormat1: "actionDefinition-Format1",
+    ActionDefFormat2: "actionDefinition-Format2",
+    ActionDefFormat3: "actionDefinition-Format3",
+    ActionDefFormat4: "actionDefinition-Format4",
+    ActionDefFormat5: "actionDefinition-Format5",
+}
+_ACTION_FORMAT_BY_NAME = {name: cls for cls, name in _ACTION_FORMATS.items()}
+
+
+@dataclass(frozen=True)
+class KpmActionDefinition:
+    """RIC action definition: report style plus one of the five formats (style N uses format N)."""
+
+    style: int
+    format: ActionDefFormat
+
+    def __post_init__(self) -> None:
+        _check_int("ric-Style-Type", self.style, -(1 << 31), (1 << 31) - 1)
+        if type(self.format) not in _ACTION_FORMATS:
+            raise ValueError(f"format must be ActionDefFormat1..5, got {self.format!r}")
+
+
+def encode_action_definition(obj: KpmActionDefinition, version: KpmVersion) -> bytes:
+    value = {
+        "ric-Style-Type": obj.style,
+        "actionDefinition-formats": (_ACTION_FORMATS[type(obj.format)], obj.format.to_asn1()),
+    }
+    return _asn1.encode(version.module, "E2SM-KPM-ActionDefinition", value)
+
+
+def decode_action_definition(data: bytes, version: KpmVersion) -> KpmActionDefinition:
+    v = _asn1.decode(version.module, "E2SM-KPM-ActionDefinition", data)
+    kind, body = v["actionDefinition-formats"]
+    cls = _ACTION_FORMAT_BY_NAME.get(kind)
+    if cls is None:
+        raise E2DecodeError("unknown action definition format", "E2SM-KPM-ActionDefinition")
+    return _typed(lambda: KpmActionDefinition(v["ric-Style-Type"], cls.from_asn1(body)), "E2SM-KPM-ActionDefinition")
+
+
+# ---------------------------------------------------------------------------------------------
+# Indication header
+
+
+@dataclass(frozen=True)
+class KpmIndicationHeader:
+    """Indication header format 1.
+
+    `collect_start_time` is the TimeStamp octets read as one unsigned big-endian integer: in v3.00
+    64-bit NTP (seconds since 1900 in the high 32 bits, fraction in the low 32), in v2.03 32 bits.
+    """
+
+    collect_start_time: int
+    file_format_version: str | None = None
+    sender_name: str | None = None
+    sender_type: str | None = None
+    vendor_name: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("colletStartTime", self.collect_start_time, 0, (1 << 64) - 1)
+        for name, value, hi in (
+            ("fileFormatversion", self.file_format_version, 15),
+            ("senderName", self.sender_name, 400),
+            ("senderType", self.sender_type, 8),
+            ("vendorName", self.vendor_name, 32),
+        ):
+            if value is not None:
+                _check_printable(name, value, 0, hi)
+
+
+_HEADER_STRINGS = (
+    ("fileFormatversion", "file_format_version"),
+    ("senderName", "sender_name"),
+    ("senderType", "sender_type"),
+    ("vendorName", "vendor_name"),
+)
+
+
+def encode_indication_header(obj: KpmIndicationHeader, version: KpmVersion) -> bytes:
+    n = version.timestamp_octets
+    if obj.collect_start_time >= 1 << (8 * n):
+        raise E2EncodeError(
+            f"colletStartTime {obj.collect_start_time:#x} does not fit the {n}-octet TimeStamp of {version.module}",
+            "E2SM-KPM-IndicationHeader",
+        )
+    body: dict[str, Any] = {"colletStartTime": obj.collect_start_time.to_bytes(n, "big")}
+    for asn_name, attr in _HEADER_STRINGS:
+        value = getattr(obj, attr)
+        if value is not None:
+            body[asn_name] = value
+    value = {"indicationHeader-formats": ("indicationHeader-Format1", body)}
+    return _asn1.encode(version.module, "E2SM-KPM-IndicationHeader", value)
+
+
+def decode_indication_header(data: bytes, version: KpmVersion) -> KpmIndicationHeader:
+    other = KpmVersion.V2_03 if version is KpmVersion.V3_00 else KpmVersion.V3_00
+    hint = (
+        f"probable KPM version mismatch: decoded as {version.module} "
+        f"({version.timestamp_octets}-octet TimeStamp); the node may send {other.module}"
+    )
+    try:
+        v = _asn1.decode(version.module, "E2SM-KPM-IndicationHeader", data)
+    except E2DecodeError as exc:
+        raise E2DecodeError(f"{exc}; {hint}") from exc
+    kind, body = v["indicationHeader-formats"]
+    if kind != "indicationHeader-Format1":
+        raise E2DecodeError(f"unknown indication header format; {hint}", "E2SM-KPM-IndicationHeader")
+    # Plausibility: the strings are PrintableString, and a misaligned decode reads timestamp or
+    # length octets as characters. asn1tools does not check the alphabet, so check it here.
+    for asn_name, _ in _HEADER_STRINGS:
+        s = body.get(asn_name)
+        if s is not None and not _is_printable(s):
+            raise E2DecodeError(f"{asn_name} {s[:40]!r} is not a PrintableString; {hint}", "E2SM-KPM-IndicationHeader")
+    return KpmIndicationHeader(
+        int.from_bytes(body["colletStartTime"], "big"),
+        *(body.get(asn_name) for asn_name, _ in _HEADER_STRINGS),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Indication message
+
+MeasValue = int | float | None
+
+
+def _check_records(records: Any) -> None:
+    for rec in _tuple("records", records):
+        for x in _tuple("a record", rec):
+            if x is None:
+                continue
+            if isinstance(x, bool) or not isinstance(x, (int, float)):
+                raise ValueError(f"a measurement value must be int, float or None, got {x!r}")
+            if isinstance(x, int):
+                _check_int("integer measurement", x, 0, U32)
+
+
+def _record_item(x: MeasValue) -> tuple[str, Any]:
+    if x is None:
+        return ("noValue", None)
+    if isinstance(x, int):
+        return ("integer", x)
+    return ("real", x)
+
+
+def _record_value(item: tuple[str, Any]) -> MeasValue:
+    kind, x = item
+    if kind == "integer":
+        return x
+    if kind == "real":
+        return float(x)
+    if kind == "noValue":
+        return None
+    raise E2DecodeError("unknown MeasurementRecordItem extension alternative")
+
+
+def _meas_data_to_asn1(records: tuple, incomplete: tuple[int, ...]) -> list:
+    out = []
+    for i, rec in enumerate(records):
+        item: dict[str, Any] = {"measRecord": [_record_item(x) for x in rec]}
+        if i in incomplete:
+            item["incompleteFlag"] = "true"
+        out.append(item)
+    return out
+
+
+def _meas_data_from_asn1(v: list) -> tuple[tuple, tuple[int, ...]]:
+    records = tuple(tuple(_record_value(x) for x in item["measRecord"]) for item in v)
+    incomplete = tuple(i for i, item in enumerate(v) if "incompleteFlag" in item)
+    return records, incomplete
+
+
+def _check_incomplete(incomplete: Any, n: int) -> None:
+    if not isinstance(incomplete, tuple) or any(
+        not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < n for i in incomplete
+    ):
+        raise ValueError(f"incomplete must be a tuple of record indices < {n}, got {incomplete!r}")
+
+
+@dataclass(frozen=True)
+class IndicationMessageFormat1:
+    """Measurement records (one per granularity period; the i-th value belongs to the i-th
+    measurement), the measurement list if the node sends it, the granularity period, and the indices
+    of records flagged incomplete."""
+
+    records: tuple[tuple[MeasValue, ...], ...]
+    meas_info: tuple[MeasInfo, ...] | None = None
+    granul_period_ms: int | None = None
+    incomplete: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        _check_records(self.records)
+        if self.meas_info is not None:
+            for m in _tuple("meas_info", self.meas_info):
+                if not isinstance(m, MeasInfo):
+                    raise ValueError(f"meas_info must hold MeasInfo, got {m!r}")
+        if self.granul_period_ms is not None:
+            _check_int("granulPeriod", self.granul_period_ms, 1, U32)
+        _check_incomplete(self.incomplete, len(self.records))
+
+    def to_asn1(self) -> dict:
+        v: dict[str, Any] = {"measData": _meas_data_to_asn1(self.records, self.incomplete)}
+        if self.meas_info is not None:
+            v["measInfoList"] = [m.to_asn1() for m in self.meas_info]
+        if self.granul_period_ms is not None:
+            v["granulPeriod"] = self.granul_period_ms
+        return v
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> IndicationMessageFormat1:
+        records, incomplete = _meas_data_from_asn1(v["measData"])
+        info = v.get("measInfoList")
+        return cls(
+            records,
+            tuple(MeasInfo.from_asn1(m) for m in info) if info is not None else None,
+            v.get("granulPeriod"),
+            incomplete,
+        )
+
+    def columns(self) -> dict[str | int, tuple[MeasValue, ...]]:
+        """Values per measurement name (needs `meas_info`): {name: (value per record, ...)}."""
+        if self.meas_info is None:
+            raise ValueError("no measInfoList in this message; take the names from the action definition")
+        return {m.name: tuple(rec[i] if i < len(rec) else None for rec in self.records) for i, m in enumerate(self.meas_info)}
+
+
+@dataclass(frozen=True)
+class IndicationMessageFormat2:
+    """Condition-based, UE-level measurement records (style 3)."""
+
+    records: tuple[tuple[MeasValue, ...], ...]
+    cond_ue: tuple[MeasCondUe, ...]
+    granul_period_ms: int | None = None
+    incomplete: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        _check_records(self.records)
+        for c in _tuple("cond_ue", self.cond_ue):
+            if not isinstance(c, MeasCondUe):
+                raise ValueError(f"cond_ue must hold MeasCondUe, got {c!r}")
+        if self.granul_period_ms is not None:
+            _check_int("granulPeriod", self.granul_period_ms, 1, U32)
+        _check_incomplete(self.incomplete, len(self.records))
+
+    def to_asn1(self) -> dict:
+        v: dict[str, Any] = {
+            "measData": _meas_data_to_asn1(self.records, self.incomplete),
+            "measCondUEidList": [c.to_asn1() for c in self.cond_ue],
+        }
+        if self.granul_period_ms is not None:
+            v["granulPeriod"] = self.granul_period_ms
+        return v
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> IndicationMessageFormat2:
+        records, incomplete = _meas_data_from_asn1(v["measData"])
+        return cls(
+            records, tuple(MeasCondUe.from_asn1(c) for c in v["measCondUEidList"]), v.get("granulPeriod"), incomplete
+        )
+
+
+@dataclass(frozen=True)
+class UeMeasReport:
+    ue_id: UeId
+    report: IndicationMessageFormat1
+
+
+@dataclass(frozen=True)
+class IndicationMessageFormat3:
+    """Per-UE format-1 reports (styles 4 and 5)."""
+
+    reports: tuple[UeMeasReport, ...]
+
+    def __post_init__(self) -> None:
+        for r in _tuple("reports", self.reports):
+            if not isinstance(r, UeMeasReport):
+                raise ValueError(f"reports must hold UeMeasReport, got {r!r}")
+
+    def to_asn1(self) -> dict:
+        return {"ueMeasReportList": [{"ueID": r.ue_id.to_asn1(), "measReport": r.report.to_asn1()} for r in self.reports]}
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> IndicationMessageFormat3:
+        return cls(
+            tuple(
+                UeMeasReport(ue_id_from_asn1(r["ueID"]), IndicationMessageFormat1.from_asn1(r["measReport"]))
+                for r in v["ueMeasReportList"]
+            )
+        )
+
+
+KpmIndicationMessage = IndicationMessageFormat1 | IndicationMessageFormat2 | IndicationMessageFormat3
+_MESSAGE_FORMATS: dict[type, str] = {
+    IndicationMessageFormat1: "indicationMessage-Format1",
+    IndicationMessageFormat2: "indicationMessage-Format2",
+    IndicationMessageFormat3: "indicationMessage-Format3",
+}
+_MESSAGE_FORMAT_BY_NAME = {name: cls for cls, name in _MESSAGE_FORMATS.items()}
+
+
+def encode_indication_message(obj: KpmIndicationMessage, version: KpmVersion) -> bytes:
+    name = _MESSAGE_FORMATS.get(type(obj))
+    if name is None:
+        raise E2EncodeError(f"not a KPM indication message: {obj!r}", "E2SM-KPM-IndicationMessage")
+    _check_finite_reals(obj)
+    value = {"indicationMessage-formats": (name, obj.to_asn1())}
+    return _asn1.encode(version.module, "E2SM-KPM-IndicationMessage", value)
+
+
+def decode_indication_message(data: bytes, version: KpmVersion) -> KpmIndicationMessage:
+    v = _asn1.decode(version.module, "E2SM-KPM-IndicationMessage", data)
+    kind, body = v["indicationMessage-formats"]
+    cls = _MESSAGE_FORMAT_BY_NAME.get(kind)
+    if cls is None:
+        raise E2DecodeError("unknown indication message format", "E2SM-KPM-IndicationMessage")
+    return _typed(lambda: cls.from_asn1(body), "E2SM-KPM-IndicationMessage")
+
+
+def _check_finite_reals(obj: KpmIndicationMessage) -> None:
+    # asn1tools encodes inf/nan as REAL special values, but a TS 28.552 counter never is one, and
+    # a NaN would make decode(encode(m)) != m; refuse them on the way out.
+    reports = obj.reports if isinstance(obj, IndicationMessageFormat3) else ()
+    all_records = [obj.records] if not reports else [r.report.records for r in reports]
+    for records in all_records:
+        for rec in records:
+            for x in rec:
+                if isinstance(x, float) and not math.isfinite(x):
+                    raise E2EncodeError(f"measurement value {x} is not finite", "E2SM-KPM-IndicationMessage")
+
+
+# ---------------------------------------------------------------------------------------------
+# RAN function description
+
+
+@dataclass(frozen=True)
+class ReportableMeas:
+    """MeasurementInfo-Action-Item: a measurement a report style offers."""
+
+    name: str
+    meas_id: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_printable("measName", self.name, 1, 150)
+        if self.meas_id is not None:
+            _check_int("measID", self.meas_id, 1, 65536)
+
+
+@dataclass(frozen=True)
+class KpmReportStyle:
+    style: int
+    name: str
+    action_format: int
+    meas: tuple[ReportableMeas, ...]
+    header_format: int = 1
+    message_format: int = 1
+
+    def __post_init__(self) -> None:
+        _check_printable("ric-ReportStyle-Name", self.name, 1, 150)
+        _tuple("meas", self.meas)
+
+    @property
+    def meas_names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.meas)
+
+
+@dataclass(frozen=True)
+class KpmEventTriggerStyle:
+    style: int = 1
+    name: str = "Periodic Report"
+    format: int = 1
+
+    def __post_init__(self) -> None:
+        _check_printable("ric-EventTriggerStyle-Name", self.name, 1, 150)
+
+
+@dataclass(frozen=True)
+class KpmRanFunctionDescription:
+    """What a node's KPM RAN function offers: the report styles and the measurements of each."""
+
+    oid: str = KPM_OID_V3
+    short_name: str = "ORAN-E2SM-KPM"
+    description: str = "KPM Monitor"
+    instance: int | None = None
+    event_trigger_styles: tuple[KpmEventTriggerStyle, ...] | None = (KpmEventTriggerStyle(),)
+    report_styles: tuple[KpmReportStyle, ...] | None = ()
+
+    def __post_init__(self) -> None:
+        _check_printable("ranFunction-ShortName", self.short_name, 1, 150)
+        _check_printable("ranFunction-E2SM-OID", self.oid, 1, 1000)
+        _check_printable("ranFunction-Description", self.description, 1, 150)
+        if self.event_trigger_styles is not None:
+            _tuple("event_trigger_styles", self.event_trigger_styles, lo=0)
+        if self.report_styles is not None:
+            _tuple("report_styles", self.report_styles, lo=0)
+
+    def report_style(self, style: int) -> KpmReportStyle | None:
+        return next((s for s in self.report_styles or () if s.style == style), None)
+
+
+def encode_ran_function_description(obj: KpmRanFunctionDescription, version: KpmVersion) -> bytes:
+    name: dict[str, Any] = {
+        "ranFunction-ShortName": obj.short_name,
+        "ranFunction-E2SM-OID": obj.oid,
+        "ranFunction-Description": obj.description,
+    }
+    if obj.instance is not None:
+        name["ranFunction-Instance"] = obj.instance
+    value: dict[str, Any] = {"ranFunction-Name": name}
+    # An empty tuple means "none": the lists are SIZE(1..), so send the component absent.
+    if obj.event_trigger_styles:
+        value["ric-EventTriggerStyle-List"] = [
+            {
+                "ric-EventTriggerStyle-Type": s.style,
+                "ric-EventTriggerStyle-Name": s.name,
+                "ric-EventTriggerFormat-Type": s.format,
+            }
+            for s in obj.event_trigger_styles
+        ]
+    if obj.report_styles:
+        value["ric-ReportStyle-List"] = [
+            {
+                "ric-ReportStyle-Type": s.style,
+                "ric-ReportStyle-Name": s.name,
+                "ric-ActionFormat-Type": s.action_format,
+                "measInfo-Action-List": [
+                    {"measName": m.name, **({"measID": m.meas_id} if m.meas_id is not None else {})} for m in s.meas
+                ],
+                "ric-IndicationHeaderFormat-Type": s.header_format,
+                "ric-IndicationMessageFormat-Type": s.message_format,
+            }
+            for s in obj.report_styles
+        ]
+    return _asn1.encode(version.module, "E2SM-KPM-RANfunction-Description", value)
+
+
+def decode_ran_function_description(data: bytes, version: KpmVersion) -> KpmRanFunctionDescription:
+    v = _asn1.decode(version.module, "E2SM-KPM-RANfunction-Description", data)
+
+    def build() -> KpmRanFunctionDescription:
+        n = v["ranFunction-Name"]
+        ets = v.get("ric-EventTriggerStyle-List")
+        rs = v.get("ric-ReportStyle-List")
+        return KpmRanFunctionDescription(
+            oid=n["ranFunction-E2SM-OID"],
+            short_name=n["ranFunction-ShortName"],
+            description=n["ranFunction-Description"],
+            instance=n.get("ranFunction-Instance"),
+            event_trigger_styles=tuple(
+                KpmEventTriggerStyle(
+                    s["ric-EventTriggerStyle-Type"], s["ric-EventTriggerStyle-Name"], s["ric-EventTriggerFormat-Type"]
+                )
+                for s in ets
+            )
+            if ets is not None
+            else (),
+            report_styles=tuple(
+                KpmReportStyle(
+                    s["ric-ReportStyle-Type"],
+                    s["ric-ReportStyle-Name"],
+                    s["ric-ActionFormat-Type"],
+                    tuple(ReportableMeas(m["measName"], m.get("measID")) for m in s["measInfo-Action-List"]),
+                    s["ric-IndicationHeaderFormat-Type"],
+                    s["ric-IndicationMessageFormat-Type"],
+                )
+                for s in rs
+            )
+            if rs is not None
+            else (),
+        )
+
+    return _typed(build, "E2SM-KPM-RANfunction-Description")
+
+
+def _typed(build: Any, where: str) -> Any:
+    """Run a dataclass constructor over decoded values: a validation failure there means the bytes
+    carried something the typed API refuses (e.g. non-printable names), so report it as a decode
+    error rather than letting ValueError escape."""
+    try:
+        return build()
+    except E2DecodeError:
+        raise
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise E2DecodeError(f"decoded value rejected: {exc}", where) from exc
