@@ -1,0 +1,131 @@
+"""The lease client against a real gRPC LeaseBroker (tests/agent/broker.py) over loopback."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agent.config import LeaseClientConfig
+from agent.lease_client import Connected, Disconnected, LeaseClient, LeaseGranted, LeaseRevoked
+from agent.monitors import cpu_facts
+from schemas.proto.weaver.v1 import lease_pb2
+from tests.agent.broker import ScriptedBroker
+
+
+def collect(client, want, timeout=10.0):
+    got, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline and not want(got):
+        got += client.poll(0.05)
+    return got
+
+
+@pytest.fixture()
+def broker():
+    b = ScriptedBroker(heartbeat_ms=50)
+    b.start()
+    yield b
+    b.stop()
+
+
+def make_client(port, **kw):
+    cfg = LeaseClientConfig(broker=f"127.0.0.1:{port}", site_id="site-0", backoff_initial_s=0.05,
+                            backoff_max_s=0.2, **kw)
+    return LeaseClient(cfg, cpu_facts(2), mode="cpu_preferred").start()
+
+
+def test_registers_with_device_facts_and_heartbeats(broker):
+    client = make_client(broker.port)
+    try:
+        events = collect(client, lambda ev: any(isinstance(e, Connected) for e in ev))
+        assert any(isinstance(e, Connected) and e.epoch == 1 for e in events)
+        reg = broker.registers[0]
+        assert reg.site_id == "site-0" and reg.device.kind == "cpu" and reg.device.sm_count == 2
+        assert reg.device.granularity == 1 and reg.mode == "cpu_preferred" and reg.agent_id
+        assert broker.wait_for(lambda: sum(m.WhichOneof("body") == "heartbeat" for m in broker.received) >= 3)
+    finally:
+        client.stop()
+
+
+def test_leases_and_revocations_arrive_stamped_on_the_agent_clock(broker):
+    client = make_client(broker.port)
+    try:
+        collect(client, lambda ev: any(isinstance(e, Connected) for e in ev))
+        before = time.monotonic()
+        broker.lease(sm_count=2, period_ms=40, valid_for_ms=120, duty=0.25, lease_id="A")
+        broker.revoke("A", "stale-kpm")
+        events = collect(client, lambda ev: any(isinstance(e, LeaseRevoked) for e in ev))
+        grant = next(e for e in events if isinstance(e, LeaseGranted)).terms
+        assert grant.lease_id == "A" and grant.period_s == pytest.approx(0.04) and grant.duty == 0.25
+        assert before <= grant.received_at <= time.monotonic()
+        assert grant.expires_at == pytest.approx(grant.received_at + 0.12)
+        assert next(e for e in events if isinstance(e, LeaseRevoked)).reason == "stale-kpm"
+    finally:
+        client.stop()
+
+
+def test_malformed_lease_is_ignored_and_grants_nothing(broker):
+    client = make_client(broker.port)
+    try:
+        collect(client, lambda ev: any(isinstance(e, Connected) for e in ev))
+        broker.push(lease_pb2.BrokerMessage(lease=lease_pb2.Lease(lease_id="bad", sm_count=4, period_ms=0)))
+        broker.lease(lease_id="good")
+        events = collect(client, lambda ev: any(isinstance(e, LeaseGranted) for e in ev))
+        assert [e.terms.lease_id for e in events if isinstance(e, LeaseGranted)] == ["good"]
+    finally:
+        client.stop()
+
+
+def test_reports_reach_the_broker(broker):
+    client = make_client(broker.port)
+    try:
+        collect(client, lambda ev: any(isinstance(e, Connected) for e in ev))
+        assert client.send_usage(lease_pb2.UsageReport(lease_id="A", sm_ms_used=5.0, steps=2))
+        assert client.send_transfer_plan(3, 1 << 20, 123, 2)
+        assert client.send_round_report(3, True, 2, 1000, 1 << 20, 500.0, 20.0)
+        assert broker.wait_for(lambda: {m.WhichOneof("body") for m in broker.received} >= {"usage", "transfer", "round"})
+        assert broker.usage()[0].sm_ms_used == 5.0
+    finally:
+        client.stop()
+
+
+def test_reconnects_after_the_broker_restarts():
+    broker = ScriptedBroker(heartbeat_ms=50)
+    port = broker.start()
+    client = make_client(port)
+    try:
+        collect(client, lambda ev: any(isinstance(e, Connected) for e in ev))
+        broker.stop()
+        events = collect(client, lambda ev: any(isinstance(e, Disconnected) for e in ev))
+        assert any(isinstance(e, Disconnected) for e in events) and not client.connected
+        assert not client.send_usage(lease_pb2.UsageReport(lease_id="x"))    # nothing buffered for later
+        restarted = ScriptedBroker(heartbeat_ms=50, epoch=2)
+        restarted.start(port)
+        try:
+            events = collect(client, lambda ev: any(isinstance(e, Connected) for e in ev))
+            assert any(isinstance(e, Connected) and e.epoch == 2 for e in events)
+            assert client.sessions == 2 and restarted.registers[0].site_id == "site-0"
+        finally:
+            restarted.stop()
+    finally:
+        client.stop()
+
+
+def test_unreachable_broker_is_retried_without_events():
+    from tests.conftest import free_port
+    client = make_client(free_port())
+    try:
+        assert collect(client, lambda ev: False, timeout=0.5) == []
+        assert not client.connected
+    finally:
+        client.stop()
+
+
+def test_wrong_token_is_refused_by_the_broker():
+    broker = ScriptedBroker(token="s3cret")
+    broker.start()
+    client = make_client(broker.port, token="nope")
+    try:
+        assert collect(client, lambda ev: False, timeout=0.5) == [] and broker.sessions == 0
+    finally:
+        client.stop()
+        broker.stop()
