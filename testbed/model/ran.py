@@ -1,0 +1,267 @@
+"""`RanModel`: sites x cells x slices advanced a period of slots at a time; the slot is the virtual time.
+
+One period: traffic arrivals -> per-cell MAC with slice quotas (`mac.schedule_cells`) -> PHY cost
+(`phy`) -> optional compute-aware stage per site that keeps demand inside the site SM envelope E by
+deferring best-effort work (never protected) -> SM accounting against the training lease (a deadline
+miss is a slot whose RAN demand exceeds the SMs the lease leaves to the RAN) -> `PeriodReport`.
+
+Compute-aware stage (the Weaver paper's mechanism, as a DU vendor would implement it): non-deferrable
+demand n_t (fixed per-slot costs + protected slice) always goes through. UL best-effort work granted
+in a U slot is admitted only as far as its decode spill (1250 us over the next 3 slots) fits under E
+next to n; DL best-effort work then fills what is left under E in D/S slots. Deferred work waits in a
+site-wide FIFO and is served in later slots, within the cells' PRB headroom, so every byte is served
+eventually and per-slot demand stays <= E in every slot where n_t <= E.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import SLOT_S, ModelConfigError, Scenario
+from .mac import FifoBacklog, fifo_serve, lindley, schedule_cells, served_from
+from .phy import PhyCost, ul_spill
+from .traffic import SyntheticTrace, TraceSource
+
+DELAY_BINS = 4001  # histogram bins of one slot (0.5 ms); the last bin collects everything longer
+S_SLOT_DL = 10 / 14  # DL share of a special slot (format 10D:2G:2U)
+
+
+def tdd_layout(tdd: str) -> tuple[np.ndarray, np.ndarray]:
+    """(DL PRB fraction, is-U) per slot of one pattern, rotated to start at the S slot before the first
+    U so that every U slot's 3-slot decode window ends inside the pattern (DDDSU -> SUDDD)."""
+    first_u = tdd.index("U")
+    start = tdd.rindex("S", 0, first_u) if "S" in tdd[:first_u] else first_u
+    pat = tdd[start:] + tdd[:start]
+    last_u = pat.rindex("U")
+    if last_u + 3 >= len(pat):
+        raise ModelConfigError(f"TDD {tdd}: the last U slot's decode window leaves the pattern")
+    dl = np.array([1.0 if ch == "D" else S_SLOT_DL if ch == "S" else 0.0 for ch in pat])
+    return dl, np.array([ch == "U" for ch in pat])
+
+
+@dataclass(frozen=True)
+class PeriodReport:
+    """What one period produced. Per site (S,), per cell (S, C), per slice (S, C, L); L = (protected,
+    best-effort). PRB figures are mean PRBs per slot of that direction; bytes are totals served in the
+    period. Ground truth (`demand`, `offered`) is per slot, shape (T, S), in SMs."""
+
+    start_slot: int
+    n_slots: int
+    period_s: float
+    # site: GPU (what a vendor KPM measurement GPU.SmUsed.Mean/Max would carry) and ground truth
+    sm_mean: np.ndarray
+    sm_max: np.ndarray
+    offered_mean: np.ndarray  # demand had the envelope not deferred anything
+    offered_max: np.ndarray
+    nondeferrable_max: np.ndarray  # fixed + protected demand: the floor any envelope must cover
+    misses: np.ndarray  # slots with demand > gpu_sms - training_sms
+    training_sms: np.ndarray
+    envelope: np.ndarray  # inf when no envelope is set
+    deferred_bytes: np.ndarray  # best-effort bytes waiting in the compute-aware stage at period end
+    added_delay_max_ms: np.ndarray  # oldest deferred work served this period (ms)
+    level: np.ndarray  # traffic load multiplier lambda
+    # cell
+    prb_used_dl: np.ndarray
+    prb_used_ul: np.ndarray
+    prb_avail_dl: np.ndarray
+    prb_avail_ul: np.ndarray
+    # slice
+    slice_prb_used_dl: np.ndarray
+    slice_prb_used_ul: np.ndarray
+    slice_bytes_dl: np.ndarray
+    slice_bytes_ul: np.ndarray
+    slice_queue_bytes: np.ndarray  # MAC queues (DL + UL) at period end
+    slice_delay_ms: np.ndarray  # mean MAC queueing delay (Little's law) in the period
+    demand: np.ndarray
+    offered: np.ndarray
+
+    @property
+    def prb_util_dl(self) -> np.ndarray:
+        return self.prb_used_dl / np.maximum(self.prb_avail_dl, 1e-9)
+
+
+class RanModel:
+    """The simulated RAN of a scenario. Not thread-safe; one owner calls `step_period` in order."""
+
+    def __init__(self, scenario: Scenario, seed: int = 0, trace: TraceSource | None = None,
+                 cost: PhyCost | None = None):
+        self.scenario = scenario
+        self.seed = seed
+        self.trace = trace if trace is not None else SyntheticTrace(scenario, seed)
+        self.cost = cost or PhyCost.calibrated()
+        S, C = scenario.n_sites, scenario.n_cells
+        self.slot = 0
+        self.gpu_sms = np.array([s.gpu_sms for s in scenario.sites], dtype=float)
+        self.prbs = np.array([[c.prbs for c in s.cells] for s in scenario.sites], dtype=float)
+        self.quota = np.zeros((S, C, 2, 3))
+        self.quota[..., 1] = 1.0  # min 0, max 100 %, dedicated 0
+        self.q_dl = np.zeros((S, C, 2))
+        self.q_ul = np.zeros((S, C, 2))
+        self.envelope = np.full(S, np.inf)
+        self.be_delay_budget_ms = np.array([s.slices[1].delay_budget_ms for s in scenario.sites])
+        self.training_sms = np.zeros(S)
+        self.backlog_dl = [FifoBacklog.empty(C) for _ in range(S)]
+        self.backlog_ul = [FifoBacklog.empty(C) for _ in range(S)]
+        # Bytes-weighted delay histograms (slots): [stage mac|compute, slice]; conservation counters.
+        self.delay_hist = np.zeros((2, 2, DELAY_BINS))
+        self.offered_bytes = np.zeros((S, C, 2))
+        self.served_bytes = np.zeros((S, C, 2))
+        self._layout: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    # --- controls (what RC control and the agent's usage reports set) ---
+    def set_slice_quota(self, site: int, cell: int, sst: int, sd: int | None, min_ratio: float,
+                        max_ratio: float, dedicated_ratio: float) -> None:
+        """RC Style 2 Action 6 for one cell: ratios in percent (0..100) of the cell's PRBs. Raises
+        ModelConfigError (and changes nothing) for an unknown slice or inconsistent ratios."""
+        sc = self.scenario
+        if not (0 <= site < sc.n_sites and 0 <= cell < sc.n_cells):
+            raise ModelConfigError(f"no cell {site}/{cell}")
+        match = [i for i, sl in enumerate(sc.sites[site].slices) if sl.sst == sst and sl.sd == sd]
+        if not match:
+            raise ModelConfigError(f"site {site}: no slice sst={sst} sd={sd}")
+        if not (0 <= dedicated_ratio <= min_ratio <= max_ratio <= 100) and not (
+                0 <= min_ratio <= max_ratio <= 100 and 0 <= dedicated_ratio <= 100):
+            raise ModelConfigError(f"ratios must satisfy 0 <= min <= max <= 100, got {min_ratio}/{max_ratio}")
+        new = self.quota[site, cell].copy()
+        new[match[0]] = (min_ratio / 100, max_ratio / 100, dedicated_ratio / 100)
+        if new[:, 2].sum() > 1 + 1e-9 or new[:, 0].sum() > 1 + 1e-9:
+            raise ModelConfigError(f"cell {site}/{cell}: dedicated or min ratios sum over 100 %")
+        self.quota[site, cell] = new
+
+    def set_envelope(self, site: int, sms: float | None, be_delay_budget_ms: float | None = None) -> None:
+        """Site SM envelope for the compute-aware MAC (None switches it off; deferred work then drains)."""
+        if sms is not None and not (np.isfinite(sms) and sms >= 0):
+            raise ModelConfigError(f"envelope {sms} must be a finite number of SMs >= 0")
+        self.envelope[site] = np.inf if sms is None else float(sms)
+        if be_delay_budget_ms is not None:
+            self.be_delay_budget_ms[site] = be_delay_budget_ms
+
+    def set_training_sms(self, site: int, sms: float) -> None:
+        """SMs the site's agent really holds now (from its usage report)."""
+        if not (np.isfinite(sms) and 0 <= sms <= self.gpu_sms[site]):
+            raise ModelConfigError(f"training SMs {sms} outside 0..{self.gpu_sms[site]}")
+        self.training_sms[site] = float(sms)
+
+    # --- the period ---
+    def _tdd(self, n_slots: int) -> tuple[np.ndarray, np.ndarray]:
+        if n_slots not in self._layout:
+            dl, u = [], []
+            for site in self.scenario.sites:
+                d, uu = tdd_layout(site.tdd)
+                if n_slots % len(d):
+                    raise ModelConfigError(f"n_slots {n_slots} not a multiple of the TDD pattern {site.tdd}")
+                dl.append(np.tile(d, n_slots // len(d)))
+                u.append(np.tile(uu, n_slots // len(d)))
+            self._layout[n_slots] = (np.stack(dl, 1), np.stack(u, 1))  # (T, S)
+        return self._layout[n_slots]
+
+    def step_period(self, n_slots: int | None = None) -> PeriodReport:
+        sc = self.scenario
+        T = n_slots or sc.period_slots
+        start = self.slot
+        dl_frac, is_u = self._tdd(T)
+        arr = self.trace.arrivals(start, T)
+        cap_dl = dl_frac[:, :, None] * self.prbs[None]  # (T,S,C)
+        cap_ul = is_u[:, :, None] * self.prbs[None]
+        dl = schedule_cells(arr.dl, cap_dl, arr.bpp_dl, self.quota, self.q_dl)
+        ul = schedule_cells(arr.ul, cap_ul, arr.bpp_ul, self.quota, self.q_ul)
+        self.q_dl, self.q_ul = dl.queue[-1], ul.queue[-1]
+        cd, cu = self.cost.dl, self.cost.ul
+        kd, ku = cd.work_per_byte, cu.work_per_byte
+        n_cells = sc.n_cells
+        # Non-deferrable SMs: fixed per-slot costs of every cell + the protected slice.
+        fixed_dl = (dl_frac > 0) * n_cells * cd.a / cd.budget_us
+        ul_at_u = is_u * n_cells * cu.a / cu.budget_us + ku * ul.served[..., 0].sum(axis=2) / cu.budget_us
+        nondef = fixed_dl + kd * dl.served[..., 0].sum(axis=2) / cd.budget_us + ul_spill(ul_at_u)
+        be_dl_work = kd * dl.served[..., 1]  # (T,S,C) SM*us offered to the compute stage
+        be_ul_work = ku * ul.served[..., 1]
+        offered = nondef + be_dl_work.sum(axis=2) / cd.budget_us + ul_spill(be_ul_work.sum(axis=2) / cu.budget_us)
+        demand = offered.copy()
+        served_be_dl = dl.served[..., 1].copy()
+        served_be_ul = ul.served[..., 1].copy()
+        added_max = np.zeros(sc.n_sites)
+        deferred = np.zeros(sc.n_sites)
+        for s in range(sc.n_sites):
+            E = self.envelope[s]
+            if not np.isfinite(E) and not self.backlog_dl[s].total and not self.backlog_ul[s].total:
+                continue
+            d = self._compute_stage(s, start, E, nondef[:, s], is_u[:, s], dl_frac[:, s] > 0,
+                                    be_dl_work[:, s], be_ul_work[:, s],
+                                    kd * dl.be_headroom_prb[:, s] * arr.bpp_dl[:, s],
+                                    ku * ul.be_headroom_prb[:, s] * arr.bpp_ul[:, s])
+            demand[:, s], dl_cells, ul_cells, dly = d
+            served_be_dl[:, s] = dl_cells / kd
+            served_be_ul[:, s] = ul_cells / ku
+            added_max[s] = dly * SLOT_S * 1e3
+            deferred[s] = self.backlog_dl[s].total / kd + self.backlog_ul[s].total / ku
+        misses = (demand > (self.gpu_sms - self.training_sms)[None] + 1e-9).sum(axis=0)
+
+        # Delay: MAC stage by Little's law per slot (queue / mean capacity); compute stage in _compute_stage.
+        for a, sched in ((arr.dl, dl), (arr.ul, ul)):
+            cbar = sched.capacity.mean(axis=0)  # (S,C,L)
+            wait = np.where(cbar > 0, sched.queue / np.maximum(cbar, 1e-9), DELAY_BINS - 1)
+            bins = np.minimum(wait, DELAY_BINS - 1).astype(int)
+            for sl in range(2):
+                self.delay_hist[0, sl] += np.bincount(bins[..., sl].ravel(), a[..., sl].ravel(), DELAY_BINS)
+        self.offered_bytes += arr.dl.sum(axis=0) + arr.ul.sum(axis=0)
+        served_dl = np.stack([dl.served[..., 0], served_be_dl], -1)
+        served_ul = np.stack([ul.served[..., 0], served_be_ul], -1)
+        self.served_bytes += served_dl.sum(axis=0) + served_ul.sum(axis=0)
+        n_dl = dl_frac.sum(axis=0)[:, None]  # (S,1) DL slot-equivalents
+        n_ul = np.maximum(is_u.sum(axis=0), 1)[:, None]
+        prb_dl = served_dl / arr.bpp_dl[..., None]
+        prb_ul = served_ul / arr.bpp_ul[..., None]
+        arrivals_per_slot = (arr.dl + arr.ul).sum(axis=0) / T
+        queue_mean = (dl.queue + ul.queue).mean(axis=0)
+        self.slot += T
+        return PeriodReport(
+            start_slot=start, n_slots=T, period_s=T * SLOT_S,
+            sm_mean=demand.mean(axis=0), sm_max=demand.max(axis=0),
+            offered_mean=offered.mean(axis=0), offered_max=offered.max(axis=0),
+            nondeferrable_max=nondef.max(axis=0), misses=misses, training_sms=self.training_sms.copy(),
+            envelope=self.envelope.copy(), deferred_bytes=deferred, added_delay_max_ms=added_max,
+            level=arr.level,
+            prb_used_dl=prb_dl.sum(axis=(0, 3)) / n_dl, prb_used_ul=prb_ul.sum(axis=(0, 3)) / n_ul,
+            prb_avail_dl=self.prbs.copy(), prb_avail_ul=self.prbs.copy(),
+            slice_prb_used_dl=prb_dl.sum(axis=0) / n_dl[..., None], slice_prb_used_ul=prb_ul.sum(axis=0) / n_ul[..., None],
+            slice_bytes_dl=served_dl.sum(axis=0), slice_bytes_ul=served_ul.sum(axis=0),
+            slice_queue_bytes=self.q_dl + self.q_ul,
+            slice_delay_ms=np.where(arrivals_per_slot > 0, queue_mean / np.maximum(arrivals_per_slot, 1e-12), 0.0)
+            * SLOT_S * 1e3,
+            demand=demand, offered=offered,
+        )
+
+    def _compute_stage(self, s, start, E, nondef, is_u, is_dl, be_dl, be_ul, head_dl, head_ul):
+        """Shape site s's best-effort work under envelope E. Returns (demand (T,), DL work per cell
+        served (T,C), UL work per cell served (T,C), oldest added delay in slots)."""
+        cu, cd = self.cost.ul, self.cost.dl
+        T = len(nondef)
+        room = np.maximum(E - nondef, 0.0) if np.isfinite(E) else np.full(T, np.inf)
+        # UL: a U slot's work w adds w/1250 x (1, 1, 0.5) SMs to the next three slots.
+        ul_cap = np.zeros(T)
+        u = np.flatnonzero(is_u)
+        ul_cap[u] = cu.budget_us * np.minimum.reduce([room[u + 1], room[u + 2], 2 * room[u + 3]])
+        w_ul = be_ul.sum(axis=1)
+        ul_cap = np.where(is_u, np.minimum(ul_cap, w_ul + head_ul.sum(axis=1)), 0.0)
+        b0 = self.backlog_ul[s].total
+        q = lindley(w_ul - ul_cap, np.asarray(b0))
+        srv_ul = served_from(q, np.asarray(b0), w_ul)
+        f_ul = fifo_serve(self.backlog_ul[s], start, be_ul, srv_ul)
+        self.backlog_ul[s] = f_ul.backlog
+        spill = ul_spill(srv_ul / cu.budget_us)
+        # DL: fill what is left under E.
+        w_dl = be_dl.sum(axis=1)
+        dl_cap = np.where(is_dl, np.minimum(cd.budget_us * np.maximum(room - spill, 0.0), w_dl + head_dl.sum(axis=1)), 0.0)
+        b0 = self.backlog_dl[s].total
+        q = lindley(w_dl - dl_cap, np.asarray(b0))
+        srv_dl = served_from(q, np.asarray(b0), w_dl)
+        f_dl = fifo_serve(self.backlog_dl[s], start, be_dl, srv_dl)
+        self.backlog_dl[s] = f_dl.backlog
+        demand = nondef + spill + srv_dl / cd.budget_us
+        kd, ku = cd.work_per_byte, cu.work_per_byte
+        for f, k in ((f_dl, kd), (f_ul, ku)):
+            w = f.per_cell.sum(axis=1) / k
+            self.delay_hist[1, 1] += np.bincount(np.minimum(f.delay_slots, DELAY_BINS - 1).astype(int), w, DELAY_BINS)
+        oldest = max(f_dl.delay_slots.max(initial=0), f_ul.delay_slots.max(initial=0))
+        return demand, f_dl.per_cell, f_ul.per_cell, oldest

@@ -1,0 +1,258 @@
+"""Traffic traces: a seeded synthetic generator with site archetypes, and CSV replay.
+
+Generator (compute-and-training-facts.md section 3.2, tag D): the load multiplier of site s at time t is
+    lambda_s(t) = scale_s * [rho + (1 - rho) * shape_k(h(t) + phi_s)] * M_s(t)
+- shape_k: a 0..1 daily curve per archetype built from the 24/12/8/6 h harmonics (about four
+  frequency components per tower, Xu et al. IMC 2016) of peak bumps placed as in the facts' table;
+- M_s: a Markov chain over {low, normal, busy, surge} = {0.6, 1.0, 1.4, 2.0} (Trinh et al.), one
+  step per period, mean dwell of minutes;
+- per slot: a slice is idle with a probability that rises as the load falls, otherwise it brings a
+  heavy-tailed (lognormal) burst of bytes; MCS (256-QAM table) and layers are drawn per block of 20
+  slots so that link quality is correlated over tens of slots.
+The per-cell `load` of `CellConfig` is the mean PRB utilisation at lambda = 1.
+
+Every site owns a generator spawned from the run's root `SeedSequence`, so two runs with one seed and
+the same period sizes give identical arrays, and adding a site does not change the others' traces.
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from .config import SLOT_S, Scenario
+from .phy import N_RE, SPECTRAL_EFFICIENCY
+
+RHO = 0.25  # trough / peak (swept 0.1-0.4 in the facts; no sourced value exists)
+MARKOV_LEVELS = np.array([0.6, 1.0, 1.4, 2.0])
+# Row i: transition probabilities out of state i when a transition happens (reflecting chain biased to normal).
+MARKOV_MOVES = np.array([
+    [0.0, 1.0, 0.0, 0.0],
+    [0.45, 0.0, 0.45, 0.10],
+    [0.0, 0.8, 0.0, 0.2],
+    [0.0, 0.3, 0.7, 0.0],
+])
+MCS_BLOCK = 20  # slots over which MCS and layers stay put
+PROTECTED_ACTIVE = 0.6  # share of slots in which the protected slice has something to send
+BURST_SIGMA = 1.0  # lognormal sigma of best-effort bursts
+
+# (centre hour, width h, weight) of the daily peaks per archetype (facts section 3.2 table).
+_BUMPS = {
+    "residential": ((21.0, 2.0, 1.0), (8.0, 1.0, 0.45), (13.0, 3.0, 0.35)),
+    "business": ((10.5, 1.5, 1.0), (15.5, 1.5, 1.0)),
+    "transport": ((8.0, 0.9, 1.0), (18.0, 0.9, 1.0), (13.0, 2.0, 0.3)),
+    "entertainment": ((21.5, 2.5, 1.0), (16.0, 2.0, 0.4)),
+}
+
+
+def _harmonic_shape(bumps) -> np.ndarray:
+    """Fourier coefficients (a0, a1, b1, ..., a4, b4) of the bump curve, keeping 24/12/8/6 h terms."""
+    h = np.arange(0, 24, 1 / 60)
+    y = np.zeros_like(h)
+    for centre, width, weight in bumps:
+        d = (h - centre + 12) % 24 - 12
+        y += weight * np.exp(-0.5 * (d / width) ** 2)
+    coef = [y.mean()]
+    for k in range(1, 5):
+        w = 2 * np.pi * k * h / 24
+        coef += [2 * np.mean(y * np.cos(w)), 2 * np.mean(y * np.sin(w))]
+    return np.array(coef)
+
+
+def _eval(coef: np.ndarray, hour) -> np.ndarray:
+    hour = np.asarray(hour, dtype=float)
+    y = np.full_like(hour, coef[0])
+    for k in range(1, 5):
+        w = 2 * np.pi * k * hour / 24
+        y = y + coef[2 * k - 1] * np.cos(w) + coef[2 * k] * np.sin(w)
+    return y
+
+
+def _normalised(coef: np.ndarray) -> tuple[np.ndarray, float, float]:
+    grid = _eval(coef, np.arange(0, 24, 1 / 60))
+    return coef, float(grid.min()), float(grid.max())
+
+
+_SHAPES = {k: _normalised(_harmonic_shape(b)) for k, b in _BUMPS.items()}
+_SHAPES["mixed"] = _normalised(np.mean([_SHAPES[k][0] for k in _BUMPS], axis=0))
+
+
+def archetype_shape(archetype: str, hour) -> np.ndarray:
+    """The 0..1 daily curve of an archetype at local `hour` (any real, wraps at 24)."""
+    coef, lo, hi = _SHAPES[archetype]
+    return (_eval(coef, np.asarray(hour) % 24) - lo) / (hi - lo)
+
+
+def diurnal_level(archetype: str, hour, rho: float = RHO) -> np.ndarray:
+    return rho + (1 - rho) * archetype_shape(archetype, hour)
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """Bytes arriving per slot per (site, cell, slice) for each direction, and the bytes one PRB carries
+    in each slot at the drawn MCS and layers. Shapes: dl/ul (T, S, C, L), bpp_* (T, S, C)."""
+
+    dl: np.ndarray
+    ul: np.ndarray
+    bpp_dl: np.ndarray
+    bpp_ul: np.ndarray
+    level: np.ndarray  # (S,) load multiplier lambda during the period
+
+
+class TraceSource(Protocol):
+    def arrivals(self, start_slot: int, n_slots: int) -> Arrivals: ...
+
+
+def _tdd_fractions(tdd: str) -> tuple[float, float]:
+    """Share of slots carrying DL (S slots count 10/14) and UL."""
+    n = len(tdd)
+    return (tdd.count("D") + tdd.count("S") * 10 / 14) / n, tdd.count("U") / n
+
+
+class SyntheticTrace:
+    """The seeded archetype generator for a scenario (see module doc)."""
+
+    def __init__(self, scenario: Scenario, seed: int):
+        self.scenario = scenario
+        self.seed = seed
+        root = np.random.SeedSequence(seed)
+        self.rngs = [np.random.default_rng(s) for s in root.spawn(scenario.n_sites)]
+        self.markov = np.ones(scenario.n_sites, dtype=int)  # start in `normal`
+        # Per-site dwell (s) and per-cell mean bytes per slot at lambda = 1 (all slices), per direction.
+        self.dwell_s = np.array([rng.uniform(60, 180) for rng in self.rngs])
+        self.mean_dl = np.zeros((scenario.n_sites, scenario.n_cells))
+        self.mean_ul = np.zeros_like(self.mean_dl)
+        for s, site in enumerate(scenario.sites):
+            f_dl, f_ul = _tdd_fractions(site.tdd)
+            for c, cell in enumerate(site.cells):
+                bpp_dl = N_RE * SPECTRAL_EFFICIENCY[int(round(cell.mcs_mean))] * _mean_layers(cell.dl_layers, DL_LAYERS) / 8
+                bpp_ul = N_RE * SPECTRAL_EFFICIENCY[int(round(max(cell.mcs_mean - 3, 0)))] * _mean_layers(
+                    cell.ul_layers, UL_LAYERS) / 8
+                self.mean_dl[s, c] = cell.load * cell.prbs * bpp_dl * f_dl
+                self.mean_ul[s, c] = cell.load * cell.ul_load_ratio * cell.prbs * bpp_ul * f_ul
+        self.shares = np.array([[sl.load_share for sl in site.slices] for site in scenario.sites])  # (S, L)
+        self.protected = np.array([[sl.protected for sl in site.slices] for site in scenario.sites])
+
+    def level(self, start_slot: int) -> np.ndarray:
+        """lambda_s at a slot (diurnal x scale x current Markov state), shape (S,)."""
+        sc = self.scenario
+        hour = sc.start_hour + start_slot * SLOT_S * sc.day_speedup / 3600
+        return np.array([site.scale * float(diurnal_level(site.archetype, hour + site.phase_h))
+                         for site in sc.sites]) * MARKOV_LEVELS[self.markov]
+
+    def _step_markov(self, n_slots: int) -> None:
+        p_leave = np.minimum(1.0, n_slots * SLOT_S * self.scenario.day_speedup / self.dwell_s)
+        for s, rng in enumerate(self.rngs):
+            u, v = rng.random(2)
+            if u < p_leave[s]:
+                self.markov[s] = int(np.searchsorted(np.cumsum(MARKOV_MOVES[self.markov[s]]), v, side="right"))
+
+    def arrivals(self, start_slot: int, n_slots: int) -> Arrivals:
+        sc = self.scenario
+        S, C, L, T = sc.n_sites, sc.n_cells, 2, n_slots
+        lam = self.level(start_slot)
+        dl = np.empty((T, S, C, L))
+        ul = np.empty((T, S, C, L))
+        bpp_dl = np.empty((T, S, C))
+        bpp_ul = np.empty((T, S, C))
+        n_blocks = -(-T // MCS_BLOCK)
+        for s, (site, rng) in enumerate(zip(sc.sites, self.rngs, strict=True)):
+            for d, (mean, out) in enumerate(((self.mean_dl[s], dl), (self.mean_ul[s], ul))):
+                m = mean * lam[s]  # (C,) bytes per slot, all slices
+                for sl in range(L):
+                    ms = m * self.shares[s, sl]
+                    if self.protected[s, sl]:
+                        active = rng.random((T, C)) < PROTECTED_ACTIVE
+                        size = rng.exponential(1.0, (T, C)) * (ms / PROTECTED_ACTIVE)
+                    else:
+                        p_act = np.clip(0.1 + 0.45 * lam[s] * np.array([c.load for c in site.cells]) / 0.25,
+                                        0.05, 0.9)
+                        active = rng.random((T, C)) < p_act
+                        size = rng.lognormal(-BURST_SIGMA ** 2 / 2, BURST_SIGMA, (T, C)) * (ms / p_act)
+                    out[:, s, :, sl] = np.where(active, size, 0.0)
+                mcs_off = 0.0 if d == 0 else -3.0
+                mcs = np.array([c.mcs_mean for c in site.cells]) + mcs_off + rng.normal(0, 3, (n_blocks, C))
+                mcs = np.clip(np.rint(mcs), 0, 27).astype(int)
+                max_layers = np.array([c.dl_layers if d == 0 else c.ul_layers for c in site.cells])
+                pool, p = (DL_LAYERS if d == 0 else UL_LAYERS)
+                layers = np.minimum(rng.choice(pool, size=(n_blocks, C), p=p), max_layers)
+                bpp = N_RE * SPECTRAL_EFFICIENCY[mcs] * layers / 8
+                (bpp_dl if d == 0 else bpp_ul)[:, s, :] = np.repeat(bpp, MCS_BLOCK, axis=0)[:T]
+        self._step_markov(n_slots)
+        return Arrivals(dl=dl, ul=ul, bpp_dl=bpp_dl, bpp_ul=bpp_ul, level=lam)
+
+
+DL_LAYERS = (np.array([2, 3, 4]), np.array([0.2, 0.3, 0.5]))
+UL_LAYERS = (np.array([1, 2]), np.array([0.4, 0.6]))
+
+
+def _mean_layers(max_layers: int, pool) -> float:
+    values, p = pool
+    return float(np.sum(np.minimum(values, max_layers) * p))
+
+
+class TraceFormatError(ValueError):
+    """A recorded trace file the loader refuses; the message names the line and the problem."""
+
+
+class CsvTrace:
+    """Replay of a recorded trace: CSV rows `time_s,cell,prb` or `time_s,cell,bytes` (optional columns
+    `dir` = dl|ul, default dl). `cell` is `site/cell` or a global index site * n_cells + cell. Values
+    are offered load arriving in the slot containing `time_s`, split over slices by their load share;
+    PRB values are turned into bytes at each slot's drawn MCS. The trace repeats after its last slot.
+    MCS and layers still come from the seeded generator (the CSV carries load only)."""
+
+    def __init__(self, scenario: Scenario, path: str | Path, seed: int = 0):
+        self.scenario = scenario
+        self._mcs = SyntheticTrace(scenario, seed)
+        S, C = scenario.n_sites, scenario.n_cells
+        rows: list[tuple[int, int, int, float]] = []
+        unit = None
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            fields = set(reader.fieldnames or ())
+            if not {"time_s", "cell"} <= fields or not ({"prb", "bytes"} & fields):
+                raise TraceFormatError(f"{path}: header must have time_s, cell and prb or bytes, got {sorted(fields)}")
+            unit = "prb" if "prb" in fields else "bytes"
+            for n, row in enumerate(reader, start=2):
+                try:
+                    t = float(row["time_s"])
+                    cell_s = row["cell"].strip()
+                    if "/" in cell_s:
+                        site, cell = (int(x) for x in cell_s.split("/"))
+                    else:
+                        site, cell = divmod(int(cell_s), C)
+                    value = float(row[unit])
+                    direction = (row.get("dir") or "dl").strip().lower()
+                except (TypeError, ValueError) as exc:
+                    raise TraceFormatError(f"{path}:{n}: {exc}") from None
+                if not (t >= 0 and np.isfinite(t) and value >= 0 and np.isfinite(value)):
+                    raise TraceFormatError(f"{path}:{n}: time_s and {unit} must be finite and >= 0")
+                if not (0 <= site < S and 0 <= cell < C):
+                    raise TraceFormatError(f"{path}:{n}: cell {cell_s} outside {S} sites x {C} cells")
+                if direction not in ("dl", "ul"):
+                    raise TraceFormatError(f"{path}:{n}: dir {direction!r} is not dl or ul")
+                rows.append((int(t / SLOT_S), site * C + cell, 0 if direction == "dl" else 1, value))
+        if not rows:
+            raise TraceFormatError(f"{path}: no rows")
+        self.unit = unit
+        self.n_slots = max(r[0] for r in rows) + 1
+        self.load = np.zeros((2, self.n_slots, S * C))
+        for slot, cell, d, value in rows:
+            self.load[d, slot, cell] += value
+
+    def arrivals(self, start_slot: int, n_slots: int) -> Arrivals:
+        sc = self.scenario
+        S, C = sc.n_sites, sc.n_cells
+        drawn = self._mcs.arrivals(start_slot, n_slots)  # for MCS/layers (keeps their correlation model)
+        idx = (start_slot + np.arange(n_slots)) % self.n_slots
+        out = []
+        for d, bpp in ((0, drawn.bpp_dl), (1, drawn.bpp_ul)):
+            load = self.load[d, idx].reshape(n_slots, S, C)
+            if self.unit == "prb":
+                load = load * bpp
+            out.append(load[..., None] * self._mcs.shares[None, :, None, :])
+        return Arrivals(dl=out[0], ul=out[1], bpp_dl=drawn.bpp_dl, bpp_ul=drawn.bpp_ul, level=drawn.level)

@@ -1,0 +1,107 @@
+"""Named load regimes for `weaver bench`, `weaver up` and `weaver sim`.
+
+Each scenario states its load regime (measured, not assumed, by `scenario_stats`): cells per GPU, RAN
+p99.9 per-slot demand as a share of the GPU, slot-scale coefficient of variation of the site demand,
+and mean DL PRB utilisation.
+
+- `gh200-multicell`: 3 sites (residential, business, transport), each 8 cells on a 132-SM GH200-class GPU
+  (Aerial's 20-cell GH200 capacity, facts row 19, at lighter load), mean PRB utilisation about 25 %;
+  green-context partitions (8 SMs, microseconds to change).
+- `heavy-small-gpu`: like the Weaver paper's testbed (LDPC decode on a DGX Spark-class part): 4 busy cells
+  on a 48-SM GPU, RAN p99.9 demand >= 80 % of the GPU; green contexts.
+- `slow-partition`: `gh200-multicell` with an MPS-like partition mechanism: changing the training
+  partition takes 0.3 s (facts row 9), during which only the smaller of old and new grant is usable.
+- `scale`: 128 sites of mixed archetypes and lognormal volumes, 4 cells each, a coarser 200 ms period.
+- `demo`: 3 sites x 4 cells (residential, business, transport) for `weaver up` / `weaver sim` / `bench sim`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .model import CellConfig, ModelConfigError, RanModel, Scenario, SiteConfig
+
+
+def _gh200(name: str = "gh200-multicell", reconfig_s: float = 0.0, partition: str = "green-context") -> Scenario:
+    archetypes = ("residential", "business", "transport")
+    hours = (0.0, -9.0, -2.0)  # phase offsets so that, at 20 h local, the three sites sit at different points of their day
+    sites = tuple(SiteConfig(site_id=i, archetype=a, cells=(CellConfig(load=0.2),) * 8, phase_h=h)
+                  for i, (a, h) in enumerate(zip(archetypes, hours, strict=True)))
+    return Scenario(name=name, description=__doc__.split("- `")[1 if reconfig_s == 0 else 3].strip(),
+                    sites=sites, partition=partition, reconfig_s=reconfig_s, start_hour=20.0)
+
+
+def _heavy() -> Scenario:
+    sites = tuple(SiteConfig(site_id=i, archetype="mixed", gpu_sms=48, granularity=8,
+                             cells=(CellConfig(load=0.66, mcs_mean=22),) * 4, phase_h=i * 0.5)
+                  for i in range(3))
+    return Scenario(name="heavy-small-gpu", description=__doc__.split("- `")[2].strip(), sites=sites,
+                    start_hour=20.0)
+
+
+def _scale(n_sites: int = 128) -> Scenario:
+    rng = np.random.default_rng(20260)  # fixed layout; traffic still follows the run's seed
+    archetypes = ("residential", "business", "transport", "entertainment", "mixed")
+    sites = tuple(SiteConfig(site_id=i, archetype=archetypes[i % 5], cells=(CellConfig(load=0.25),) * 4,
+                             phase_h=float(rng.uniform(-1, 1)), scale=float(np.clip(rng.lognormal(0, 0.35), 0.4, 2.2)))
+                  for i in range(n_sites))
+    return Scenario(name="scale", description=__doc__.split("- `")[4].strip(), sites=sites, period_slots=400,
+                    start_hour=20.0)
+
+
+def _demo() -> Scenario:
+    sites = tuple(SiteConfig(site_id=i, archetype=a, cells=(CellConfig(load=0.3),) * 4, phase_h=h)
+                  for i, (a, h) in enumerate(zip(("residential", "business", "transport"), (0.0, -9.0, -2.0),
+                                                 strict=True)))
+    return Scenario(name="demo", description=__doc__.split("- `")[5].strip(), sites=sites, start_hour=20.0)
+
+
+SCENARIOS = {
+    "gh200-multicell": _gh200,
+    "heavy-small-gpu": _heavy,
+    "slow-partition": lambda: _gh200("slow-partition", reconfig_s=0.3, partition="mps"),
+    "scale": _scale,
+    "demo": _demo,
+}
+
+
+def get(name: str, **overrides) -> Scenario:
+    """The named scenario, with `Scenario` fields replaced by `overrides` (e.g. period_slots=400)."""
+    if name not in SCENARIOS:
+        raise ModelConfigError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+    return replace(SCENARIOS[name](), **overrides)
+
+
+@dataclass(frozen=True)
+class ScenarioStats:
+    """A scenario's load regime measured on an uncapped run (no training, no shaping)."""
+
+    name: str
+    cells_per_gpu: int
+    gpu_sms: int
+    ran_p999_share: float  # p99.9 of per-slot site demand / GPU SMs (mean over sites)
+    ran_mean_share: float
+    slot_cv: float  # std / mean of per-slot site demand (mean over sites)
+    mean_prb_util: float  # mean DL PRB utilisation over cells
+    partition: str
+    reconfig_s: float
+    seed: int
+    n_slots: int
+
+
+def scenario_stats(scenario: Scenario, seed: int = 0, n_periods: int = 200) -> ScenarioStats:
+    model = RanModel(scenario, seed)
+    demand, util = [], []
+    for _ in range(n_periods):
+        rep = model.step_period()
+        demand.append(rep.demand)
+        util.append(rep.prb_util_dl.mean())
+    d = np.concatenate(demand)  # (T, S)
+    gpu = np.array([s.gpu_sms for s in scenario.sites], dtype=float)
+    return ScenarioStats(
+        name=scenario.name, cells_per_gpu=scenario.n_cells, gpu_sms=int(gpu[0]),
+        ran_p999_share=float(np.mean(np.quantile(d, 0.999, axis=0) / gpu)),
+        ran_mean_share=float(np.mean(d.mean(axis=0) / gpu)),
+        slot_cv=float(np.mean(d.std(axis=0) / d.mean(axis=0))), mean_prb_util=float(np.mean(util)),
+        partition=scenario.partition, reconfig_s=scenario.reconfig_s, seed=seed, n_slots=d.shape[0])
