@@ -12,7 +12,7 @@ import random
 import struct
 
 import pytest
-from conftest import EXAMPLE_PAYLOAD, RawListener, eventually, free_port, raw_connect
+from rmr_helpers import EXAMPLE_PAYLOAD, RawListener, build_frame, eventually, free_port, raw_connect
 
 from xapp.rmr import (
     NEED_DATA,
@@ -37,22 +37,6 @@ def frame_with(base: bytes, **patch: bytes) -> bytes:
         off = int(key[1:])
         out[off:off + len(value)] = value
     return bytes(out)
-
-
-def build_frame(mtype=7, payload=b"x", *, src=b"127.0.0.1:1", srcip=b"", xid=b"", meid=b"", flags=0,
-                trace=b"", d1=b"\0\0\0\0", sub_id=-1, plen=None, length=None, len0=280) -> bytes:
-    """A frame built by hand (not by our encoder), to play C's part."""
-    hdr = bytearray(len0)
-    struct.pack_into(">iii", hdr, 0, mtype, len(payload) if plen is None else plen, 3)
-    hdr[12:12 + len(xid)] = xid
-    hdr[76:76 + len(src)] = src
-    hdr[140:140 + len(meid)] = meid
-    struct.pack_into("<I", hdr, 192, flags)
-    struct.pack_into(">iiiii", hdr, 196, len0, len(trace), len(d1), 0, sub_id)
-    hdr[216:216 + len(srcip)] = srcip
-    body = bytes(hdr) + trace + d1 + payload
-    n = 50 + len(body) if length is None else length
-    return struct.pack("<I", n & 0xFFFFFFFF) + struct.pack(">I", n & 0xFFFFFFFF) + b"$" + bytes(41) + body
 
 
 async def endpoint(**kw) -> RmrEndpoint:

@@ -7,8 +7,7 @@ import asyncio
 import random
 
 import pytest
-from conftest import eventually, free_port, raw_connect
-from test_conformance import build_frame
+from rmr_helpers import build_frame, eventually, free_port, raw_connect
 
 from xapp.rmr import (
     RmrClosedError,
