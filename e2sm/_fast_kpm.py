@@ -1,0 +1,354 @@
+"""Hand-written APER readers for the hot E2SM-KPM payloads: indication header format 1 and indication
+message format 1 (v02.03 and v03.00 modules; X.691 aligned PER, X.690 REAL contents).
+
+They return the same `e2sm.kpm` dataclasses as the asn1tools reference path, for exactly the encodings
+they recognise: root values only (every extension bit 0), zero padding bits, minimal lengths, no
+fragmentation, the labels Weaver models (noLabel, sliceID), every constraint met, the whole input consumed.
+For anything else they raise `Unsupported` and `e2sm.kpm` decodes the bytes with asn1tools under
+`check_constraints=True`, which returns the value or raises E2DecodeError. So bad input behaves the same on
+both paths by construction; tests/e2sm/test_fast_kpm.py checks that accepted input gives the same value.
+
+Bit layout reminders (X.691): a constrained whole number with range <= 255 is a bit-field, 256 is one
+aligned octet, <= 64K two aligned octets, above that a 2-bit octet count then aligned octets; a length with
+an upper bound >= 64K is an aligned general length determinant; PrintableString characters take 8 bits and
+are aligned unless the string is empty; NULL takes no bits, so a noValue leaves the next item mid-octet.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from e2sm import _asn1
+from e2sm._fast import Unsupported
+from e2sm.kpm import (
+    IndicationMessageFormat1,
+    KpmIndicationHeader,
+    KpmVersion,
+    MeasInfo,
+    MeasLabel,
+    Snssai,
+)
+
+__all__ = ["Unsupported", "decode_indication_header", "decode_indication_message"]
+
+_PRINTABLE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 '()+,-./:=?")
+_NO_LABEL = MeasLabel()
+_U32 = (1 << 32) - 1
+# LabelInfoItem extension bit, MeasurementLabel extension bit, its 21 OPTIONAL presence bits: 23 bits
+# that are 0 except one presence bit for the two labels Weaver models (noLabel first, sliceID third).
+_ONLY_NO_LABEL = 1 << 20
+_ONLY_SLICE_ID = 1 << 18
+
+
+def _bits(buf: bytes, pos: int, n: int) -> int:
+    """n (<= 17) bits at bit position pos; `buf` carries 3 zero guard octets (bounds are checked by callers)."""
+    i = pos >> 3
+    w = (buf[i] << 16) | (buf[i + 1] << 8) | buf[i + 2]
+    return (w >> (24 - (pos & 7) - n)) & ((1 << n) - 1)
+
+
+def _align(buf: bytes, pos: int) -> int:
+    """Skip to the next octet boundary; the padding bits must be zero."""
+    r = pos & 7
+    if r:
+        if buf[pos >> 3] & (0xFF >> r):
+            raise Unsupported("non-zero padding")
+        pos += 8 - r
+    return pos
+
+
+def _length(buf: bytes, pos: int) -> tuple[int, int]:
+    """Aligned general length determinant at an octet boundary (no fragments, minimal form)."""
+    i = pos >> 3
+    b = buf[i]
+    if b < 0x80:
+        return b, pos + 8
+    if b < 0xC0:
+        n = ((b & 0x3F) << 8) | buf[i + 1]
+        if n < 0x80:
+            raise Unsupported("non-minimal length")
+        return n, pos + 16
+    raise Unsupported("fragmented length")
+
+
+def _string(buf: bytes, pos: int, n: int) -> tuple[str, int]:
+    """n PrintableString characters (8 bits each, octet-aligned when n > 0)."""
+    if n == 0:
+        return "", pos
+    pos = _align(buf, pos)
+    i = pos >> 3
+    raw = buf[i:i + n]
+    if not _PRINTABLE.issuperset(raw):
+        raise Unsupported("not a PrintableString")
+    return raw.decode("ascii"), pos + 8 * n
+
+
+def _real(raw: bytes) -> float:
+    """X.690 8.5 REAL contents, evaluated exactly as asn1tools 0.169 does (binary base 2 with a 1- or
+    2-octet exponent, or an ISO 6093 decimal form); specials and other forms go to the reference."""
+    if not raw:
+        return 0.0
+    control = raw[0]
+    if control in (0x80, 0xC0):
+        exponent = raw[1] - 0x100 if raw[1] & 0x80 else raw[1]
+        offset = 2
+    elif control in (0x81, 0xC1):
+        exponent = (raw[1] << 8) | raw[2]
+        if exponent & 0x8000:
+            exponent -= 0x10000
+        offset = 3
+    elif control & 0xC0 == 0:
+        value = float(raw[1:].replace(b",", b"."))
+        if value != value:
+            raise Unsupported("NaN")
+        return value
+    else:
+        raise Unsupported("REAL form")
+    if len(raw) <= offset:
+        raise Unsupported("REAL without mantissa")
+    value = float(int.from_bytes(raw[offset:], "big") * 2 ** exponent)
+    return -value if control & 0x40 else value
+
+
+def decode_indication_header(data: bytes, version: KpmVersion) -> KpmIndicationHeader:
+    """E2SM-KPM-IndicationHeader format 1 (TimeStamp of 4 octets in v2.03, 8 in v3.00), or Unsupported."""
+    try:
+        return _header(data, version.timestamp_octets)
+    except (IndexError, ValueError, OverflowError):
+        raise Unsupported("shape") from None
+
+
+def _header(data: bytes, ts_octets: int) -> KpmIndicationHeader:
+    if not 0 < len(data) <= _asn1.MAX_PAYLOAD:
+        raise Unsupported("size")
+    nbits = 8 * len(data)
+    buf = data + b"\0\0\0"
+    # 3 extension bits (message, formats CHOICE, format 1), 4 presence bits, 1 pad bit
+    head = buf[0]
+    if head & 0xE1:
+        raise Unsupported("extension or padding bit")
+    present = head >> 1
+    i = 1 + ts_octets
+    collect = int.from_bytes(buf[1:i], "big")
+    pos = 8 * i
+    strings: list[str | None] = [None, None, None, None]
+    # (presence bit, length bits or 0 for the aligned 2-octet form, upper bound) per PrintableString
+    for k, (bit, len_bits, ub) in enumerate(((8, 4, 15), (4, 0, 400), (2, 4, 8), (1, 6, 32))):
+        if not present & bit:
+            continue
+        if _bits(buf, pos, 1):
+            raise Unsupported("size extension")
+        pos += 1
+        if len_bits:
+            n = _bits(buf, pos, len_bits)
+            pos += len_bits
+        else:
+            pos = _align(buf, pos)
+            n = (buf[pos >> 3] << 8) | buf[(pos >> 3) + 1]
+            pos += 16
+        if n > ub:
+            raise Unsupported("string length")
+        strings[k], pos = _string(buf, pos, n)
+    if _align(buf, pos) != nbits or pos > nbits:
+        raise Unsupported("trailing or missing bits")
+    return KpmIndicationHeader(collect, *strings)
+
+
+def decode_indication_message(data: bytes, version: KpmVersion) -> IndicationMessageFormat1:
+    """E2SM-KPM-IndicationMessage format 1 (the same bytes in v2.03 and v3.00), or Unsupported."""
+    try:
+        return _message(data)
+    except (IndexError, ValueError, OverflowError):
+        raise Unsupported("shape") from None
+
+
+def _message(data: bytes) -> IndicationMessageFormat1:  # noqa: C901 - one pass over the PER fields
+    if not 0 < len(data) <= _asn1.MAX_PAYLOAD:
+        raise Unsupported("size")
+    nbits = 8 * len(data)
+    buf = data + b"\0\0\0"
+    # ext(message) ext(formats) index(1 bit: format 1) ext(format 1) measInfoList? granulPeriod? + 2 pad
+    head = buf[0]
+    if head & 0xF3:
+        raise Unsupported("not a root format 1 message")
+    has_info, has_period = head & 0x08, head & 0x04
+    count = ((buf[1] << 8) | buf[2]) + 1               # MeasurementData SIZE(1..65535)
+    if count > 65535:
+        raise Unsupported("MeasurementData size")
+    pos = 24
+    records = []
+    incomplete = []
+    for r in range(count):
+        # MeasurementDataItem: ext bit, incompleteFlag presence bit
+        flags = buf[pos >> 3] >> 6 if not pos & 7 else _bits(buf, pos, 2)
+        if flags & 2:
+            raise Unsupported("MeasurementDataItem extension")
+        pos = _align(buf, pos + 2)
+        n, pos = _length(buf, pos)                      # MeasurementRecord SIZE(1..2^31-1): plain count
+        if n == 0:
+            raise Unsupported("empty record")
+        record = []
+        append = record.append
+        for _ in range(n):
+            if not pos & 7:                             # item starts on an octet: the common case
+                i = pos >> 3
+                b = buf[i]
+                if b < 0x20:                            # integer: ext 0, index 00, octet count - 1, 3 pad
+                    if b & 7:
+                        raise Unsupported("non-zero padding")
+                    k = (b >> 3) + 1
+                    if k > 1 and not buf[i + 1]:
+                        raise Unsupported("non-minimal integer")
+                    append(buf[i + 1] if k == 1 else int.from_bytes(buf[i + 1:i + 1 + k], "big"))
+                    pos += 8 + 8 * k
+                    continue
+                if b == 0x20 and buf[i + 1] < 0x80:    # real with a short length
+                    size = buf[i + 1]
+                    append(_real(buf[i + 2:i + 2 + size]))
+                    pos += 16 + 8 * size
+                    continue
+            choice = _bits(buf, pos, 3)
+            if choice == 0:
+                k = _bits(buf, pos + 3, 2) + 1
+                pos = _align(buf, pos + 5)
+                i = pos >> 3
+                if k > 1 and buf[i] == 0:
+                    raise Unsupported("non-minimal integer")
+                append(int.from_bytes(buf[i:i + k], "big"))
+                pos += 8 * k
+            elif choice == 1:                           # real: aligned length + X.690 contents
+                pos = _align(buf, pos + 3)
+                size, pos = _length(buf, pos)
+                i = pos >> 3
+                append(_real(buf[i:i + size]))
+                pos += 8 * size
+            elif choice == 2:                           # noValue NULL: no bits
+                append(None)
+                pos += 3
+            else:
+                raise Unsupported("MeasurementRecordItem extension")
+        if pos > nbits:
+            raise Unsupported("truncated")
+        if flags & 1:                                   # incompleteFlag ENUMERATED {true, ...}: ext bit
+            if _bits(buf, pos, 1):
+                raise Unsupported("incompleteFlag extension")
+            pos += 1
+            incomplete.append(r)
+        records.append(tuple(record))
+    # A node repeats the same measInfoList and granulPeriod in every indication: remember the decoded
+    # tail by its exact bytes (the MeasInfo objects are immutable, so sharing them is safe).
+    # The key holds the presence bits, the bit offset and every byte from the current one on.
+    key = (head & 0x0C, pos & 7, data[pos >> 3:])
+    cached = _TAILS.get(key)
+    if cached is not None:
+        meas_info, period = cached
+    else:
+        meas_info, period = _tail(buf, pos, nbits, has_info, has_period)
+        if len(key[2]) <= _TAIL_MAX_BYTES:
+            if len(_TAILS) >= _TAILS_MAX:
+                _TAILS.clear()
+            _TAILS[key] = (meas_info, period)
+    return _message_f1(tuple(records), meas_info, period, tuple(incomplete))
+
+
+_TAILS: dict[tuple, tuple] = {}
+_TAILS_MAX = 1024         # entries; cleared when full
+_TAIL_MAX_BYTES = 4096    # bounds the cache at 4 MiB
+
+
+def _tail(buf: bytes, pos: int, nbits: int, has_info: int, has_period: int) -> tuple:
+    """measInfoList and granulPeriod of a format-1 message, which must end the input exactly."""
+    meas_info = None
+    if has_info:
+        pos = _align(buf, pos)
+        i = pos >> 3
+        n_info = ((buf[i] << 8) | buf[i + 1]) + 1       # MeasurementInfoList SIZE(1..65535)
+        if n_info > 65535:
+            raise Unsupported("MeasurementInfoList size")
+        pos += 16
+        infos = []
+        for _ in range(n_info):
+            # MeasurementInfoItem ext, MeasurementType ext, index (measName 0 / measID 1)
+            head3 = _bits(buf, pos, 3)
+            if head3 & 6:
+                raise Unsupported("MeasurementInfoItem extension")
+            pos += 3
+            if head3 == 0:                              # measName PrintableString (SIZE(1..150, ...))
+                w = _bits(buf, pos, 9)
+                if w & 0x100:
+                    raise Unsupported("measName size extension")
+                size = (w & 0xFF) + 1
+                if size > 150:
+                    raise Unsupported("measName length")
+                name, pos = _string(buf, pos + 9, size)
+            else:                                       # measID INTEGER (1..65536, ...): ext bit, 2 octets
+                if _bits(buf, pos, 1):
+                    raise Unsupported("measID extension")
+                pos = _align(buf, pos + 1)
+                i = pos >> 3
+                name = ((buf[i] << 8) | buf[i + 1]) + 1
+                pos += 16
+            pos = _align(buf, pos)
+            n_labels, pos = _length(buf, pos)           # LabelInfoList SIZE(1..2^31-1): plain count
+            if n_labels == 0:
+                raise Unsupported("empty label list")
+            labels = []
+            for _ in range(n_labels):
+                w = (_bits(buf, pos, 12) << 11) | _bits(buf, pos + 12, 11)
+                pos += 23
+                if w == _ONLY_NO_LABEL:
+                    if _bits(buf, pos, 1):              # noLabel ENUMERATED {true, ...}: ext bit only
+                        raise Unsupported("noLabel extension")
+                    pos += 1
+                    labels.append(_NO_LABEL)
+                elif w == _ONLY_SLICE_ID:
+                    # S-NSSAI: ext bit, sD presence, sST 1 octet (a bit-field), sD 3 aligned octets
+                    s = _bits(buf, pos, 10)
+                    if s & 0x200:
+                        raise Unsupported("S-NSSAI extension")
+                    pos += 10
+                    sd = None
+                    if s & 0x100:
+                        pos = _align(buf, pos)
+                        i = pos >> 3
+                        sd = (buf[i] << 16) | (buf[i + 1] << 8) | buf[i + 2]
+                        pos += 24
+                    labels.append(MeasLabel(Snssai(s & 0xFF, sd)))
+                else:
+                    raise Unsupported("label kind")
+            infos.append(MeasInfo(name, tuple(labels)))
+            if pos > nbits:
+                raise Unsupported("truncated")
+        meas_info = tuple(infos)
+    period = None
+    if has_period:                                      # GranularityPeriod INTEGER (1..2^32-1)
+        k = _bits(buf, pos, 2) + 1
+        pos = _align(buf, pos + 2)
+        i = pos >> 3
+        if k > 1 and buf[i] == 0:
+            raise Unsupported("non-minimal integer")
+        period = int.from_bytes(buf[i:i + k], "big") + 1
+        pos += 8 * k
+        if period > _U32:
+            raise Unsupported("granulPeriod range")
+    if pos > nbits or _align(buf, pos) != nbits:
+        raise Unsupported("trailing or missing bits")
+    return meas_info, period
+
+
+_F1_FIELDS = ("records", "meas_info", "granul_period_ms", "incomplete")
+
+
+def _message_f1(records: tuple, meas_info: tuple | None, period: int | None, incomplete: tuple) -> Any:
+    """Build the IndicationMessageFormat1 without re-running its per-value checks: the reader above has
+    enforced the same constraints while parsing, and re-checking 100 values costs a third of the decode.
+    Falls back to the checked constructor if the dataclass ever grows fields this reader does not fill."""
+    if _F1_UNCHECKED:
+        obj = object.__new__(IndicationMessageFormat1)
+        for name, value in zip(_F1_FIELDS, (records, meas_info, period, incomplete), strict=True):
+            object.__setattr__(obj, name, value)
+        return obj
+    return IndicationMessageFormat1(records, meas_info, period, incomplete)
+
+
+_F1_UNCHECKED = tuple(f.name for f in dataclasses.fields(IndicationMessageFormat1)) == _F1_FIELDS
