@@ -1,0 +1,89 @@
+"""Per-node configuration of the simulated gNB-DU (frozen, validated when built)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KPM_VERSIONS = ("v3.00", "v2.03")
+RC_TABLES = ("srsran", "oai")
+
+
+class NodeConfigError(ValueError):
+    """A node configuration the simulator refuses; the message names the field."""
+
+
+@dataclass(frozen=True)
+class SliceId:
+    sst: int
+    sd: int | None
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """One E2 node (gNB-DU) serving site `site` of the RAN model.
+
+    `kpm_version` picks the KPM module (and OID) the node advertises and encodes with; `rc_table` picks
+    the RC parameter-ID table of its RC RAN function definition and of the controls it accepts
+    (srsRAN/OSC spec numbering or OAI/FlexRIC), because real nodes differ (e2-facts §3, §4).
+    """
+
+    site: int
+    n_cells: int
+    slices: tuple[SliceId, ...]
+    gpu_sms: int = 132
+    plmn: str = "00101"
+    gnb_id: int | None = None  # default: site + 1
+    gnb_id_bits: int = 22
+    du_id: int = 1
+    kpm_version: str = "v3.00"
+    rc_table: str = "srsran"
+    kpm_function_id: int = 2
+    rc_function_id: int = 3
+    vendor: str = "Weaver testbed"
+
+    def __post_init__(self) -> None:
+        if self.kpm_version not in KPM_VERSIONS:
+            raise NodeConfigError(f"kpm_version must be one of {KPM_VERSIONS}, got {self.kpm_version!r}")
+        if self.rc_table not in RC_TABLES:
+            raise NodeConfigError(f"rc_table must be one of {RC_TABLES}, got {self.rc_table!r}")
+        if self.site < 0 or self.n_cells < 1 or not self.slices:
+            raise NodeConfigError("site must be >= 0, n_cells >= 1, slices non-empty")
+        if not 22 <= self.gnb_id_bits <= 32 or not 0 <= self.node_gnb_id < 1 << self.gnb_id_bits:
+            raise NodeConfigError(f"gnb_id {self.node_gnb_id} does not fit gnb_id_bits {self.gnb_id_bits}")
+        if self.kpm_function_id == self.rc_function_id:
+            raise NodeConfigError("kpm_function_id and rc_function_id must differ")
+        if self.n_cells > 1 << (36 - self.gnb_id_bits):
+            raise NodeConfigError("too many cells for the NR cell identity's cell bits")
+
+    @property
+    def node_gnb_id(self) -> int:
+        return self.site + 1 if self.gnb_id is None else self.gnb_id
+
+    @property
+    def inventory_name(self) -> str:
+        """The RAN name e2mgr will give this node (testbed.ric.e2term.ran_name)."""
+        return f"gnb_{self.plmn[:3]}_{self.plmn[3:]}_{self.node_gnb_id:08x}"
+
+    def nr_cell_id(self, cell: int) -> int:
+        """36-bit NR Cell Identity: gNB ID in the leading `gnb_id_bits`, the cell index after it."""
+        return (self.node_gnb_id << (36 - self.gnb_id_bits)) | cell
+
+    def cell_of(self, nr_cell_id: int) -> int | None:
+        """The cell index for an NR Cell Identity of this node, or None if it is not ours."""
+        shift = 36 - self.gnb_id_bits
+        cell = nr_cell_id & ((1 << shift) - 1)
+        if nr_cell_id >> shift != self.node_gnb_id or cell >= self.n_cells:
+            return None
+        return cell
+
+
+def node_configs(scenario, kpm_version: str = "v3.00", rc_table: str = "srsran",
+                 overrides: dict[int, dict] | None = None) -> tuple[NodeConfig, ...]:
+    """One NodeConfig per site of a `testbed.model.Scenario`; `overrides[site]` replaces fields."""
+    out = []
+    for site in scenario.sites:
+        fields = dict(site=site.site_id, n_cells=len(site.cells), gpu_sms=site.gpu_sms,
+                      slices=tuple(SliceId(s.sst, s.sd) for s in site.slices), kpm_version=kpm_version,
+                      rc_table=rc_table)
+        fields.update((overrides or {}).get(site.site_id, {}))
+        out.append(NodeConfig(**fields))
+    return tuple(out)

@@ -1,0 +1,126 @@
+"""What the simulated DU measures each reporting period, and how KPM measurement names map onto it.
+
+`SiteMeasurements` is the node's view of one site for one period (taken from the RAN model's
+PeriodReport by `from_period_report`); `measure(...)` answers one (name, label, cell) request.
+Units follow TS 28.552 where it fixes them; the vendor GPU measurements are Weaver's own.
+
+| name | scope | unit / kind |
+|---|---|---|
+| RRU.PrbUsedDl / RRU.PrbUsedUl (+ `.SNSSAI`) | cell, or the node (sum of cells); per slice with a sliceID label | mean PRBs per slot of that direction, integer |
+| RRU.PrbAvailDl / RRU.PrbAvailUl | cell / node | PRBs available per slot, integer |
+| RRU.PrbTotDl / RRU.PrbTotUl | cell / node | used ÷ available, percent, integer |
+| DRB.UEThpDl (+ `.SNSSAI`) | cell / node, per slice | kbit/s over the period, REAL |
+| DRB.RlcSduDelayDl (+ `.SNSSAI`) | cell / node, per slice | mean queueing delay, ms, REAL |
+| GPU.SmUsed.Mean / GPU.SmUsed.Max | site (the DU GPU; same for every cell) | SMs the RAN's PHY needed per slot: mean REAL / max integer |
+| GPU.SmAvail | site | SMs left to the RAN after the training lease, integer |
+| GPU.DeadlineMiss | site | slots in the period whose demand exceeded the SMs left to the RAN, integer |
+
+A per-slice name (`.SNSSAI` suffix, or the base name with a sliceID label) for a slice the node does
+not serve yields `noValue`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import SliceId
+
+PER_SLICE = ("RRU.PrbUsedDl", "RRU.PrbUsedUl", "DRB.UEThpDl", "DRB.RlcSduDelayDl")
+PER_CELL = ("RRU.PrbAvailDl", "RRU.PrbAvailUl", "RRU.PrbTotDl", "RRU.PrbTotUl")
+SITE = ("GPU.SmUsed.Mean", "GPU.SmUsed.Max", "GPU.SmAvail", "GPU.DeadlineMiss")
+MEASUREMENTS = (*PER_SLICE, *(f"{n}.SNSSAI" for n in PER_SLICE), *PER_CELL, *SITE)
+
+
+@dataclass(frozen=True)
+class SliceMeasurements:
+    prb_used_dl: float
+    prb_used_ul: float
+    thp_dl_kbps: float
+    delay_dl_ms: float
+
+
+@dataclass(frozen=True)
+class CellMeasurements:
+    prb_avail_dl: int
+    prb_avail_ul: int
+    slices: tuple[SliceMeasurements, ...]  # in the node config's slice order
+
+    @property
+    def prb_used_dl(self) -> float:
+        return sum(s.prb_used_dl for s in self.slices)
+
+    @property
+    def prb_used_ul(self) -> float:
+        return sum(s.prb_used_ul for s in self.slices)
+
+
+@dataclass(frozen=True)
+class SiteMeasurements:
+    """One site, one reporting period."""
+
+    cells: tuple[CellMeasurements, ...]
+    sm_mean: float
+    sm_max: float
+    sm_avail: int
+    deadline_misses: int
+
+
+def _slice_value(name: str, s: SliceMeasurements) -> float:
+    return {"RRU.PrbUsedDl": s.prb_used_dl, "RRU.PrbUsedUl": s.prb_used_ul, "DRB.UEThpDl": s.thp_dl_kbps,
+            "DRB.RlcSduDelayDl": s.delay_dl_ms}[name]
+
+
+def _as_kind(name: str, value: float) -> int | float:
+    # PRB counts and percentages are integers in TS 28.552; throughput, delay, SM means are REAL.
+    if name.startswith("RRU.") or name in ("GPU.SmUsed.Max", "GPU.SmAvail", "GPU.DeadlineMiss"):
+        return max(0, int(round(value)))
+    return float(value)
+
+
+def measure(m: SiteMeasurements, slices: tuple[SliceId, ...], name: str, snssai: tuple[int, int | None] | None,
+            cell: int | None) -> int | float | None:
+    """Value of `name` for `cell` (None: the whole node) and slice `snssai` ((sst, sd) or None)."""
+    cells = m.cells if cell is None else (m.cells[cell],)
+    if name in SITE:
+        value = {"GPU.SmUsed.Mean": m.sm_mean, "GPU.SmUsed.Max": m.sm_max, "GPU.SmAvail": m.sm_avail,
+                 "GPU.DeadlineMiss": m.deadline_misses}[name]
+        return _as_kind(name, value)
+    base = name.removesuffix(".SNSSAI")
+    if base in PER_SLICE:
+        if snssai is None and name.endswith(".SNSSAI"):
+            return None
+        if snssai is None:
+            idx = range(len(slices))
+        else:
+            idx = [i for i, s in enumerate(slices) if (s.sst, s.sd) == snssai or (s.sst == snssai[0] and snssai[1] is None)]
+            if not idx:
+                return None
+        if base == "DRB.RlcSduDelayDl":  # a mean, weighted by served volume
+            num = sum(c.slices[i].delay_dl_ms * max(c.slices[i].thp_dl_kbps, 1e-9) for c in cells for i in idx)
+            den = sum(max(c.slices[i].thp_dl_kbps, 1e-9) for c in cells for i in idx)
+            return _as_kind(base, num / den if den else 0.0)
+        return _as_kind(base, sum(_slice_value(base, c.slices[i]) for c in cells for i in idx))
+    if name in ("RRU.PrbAvailDl", "RRU.PrbAvailUl"):
+        return _as_kind(name, sum(c.prb_avail_dl if name.endswith("Dl") else c.prb_avail_ul for c in cells))
+    if name in ("RRU.PrbTotDl", "RRU.PrbTotUl"):
+        dl = name.endswith("Dl")
+        used = sum(c.prb_used_dl if dl else c.prb_used_ul for c in cells)
+        avail = sum(c.prb_avail_dl if dl else c.prb_avail_ul for c in cells)
+        return _as_kind(name, 100.0 * used / avail if avail else 0.0)
+    return None
+
+
+def from_period_report(report, site: int, gpu_sms: float) -> SiteMeasurements:
+    """The node's measurements of `site` from the RAN model's `PeriodReport` (testbed.model)."""
+    s = site
+    kbps = 8.0 / max(report.period_s, 1e-12) / 1000.0
+    cells = []
+    for c in range(report.prb_used_dl.shape[1]):
+        slices = tuple(SliceMeasurements(
+            prb_used_dl=float(report.slice_prb_used_dl[s, c, i]), prb_used_ul=float(report.slice_prb_used_ul[s, c, i]),
+            thp_dl_kbps=float(report.slice_bytes_dl[s, c, i]) * kbps, delay_dl_ms=float(report.slice_delay_ms[s, c, i]))
+            for i in range(report.slice_prb_used_dl.shape[2]))
+        cells.append(CellMeasurements(int(round(float(report.prb_avail_dl[s, c]))),
+                                      int(round(float(report.prb_avail_ul[s, c]))), slices))
+    return SiteMeasurements(cells=tuple(cells), sm_mean=float(report.sm_mean[s]), sm_max=float(report.sm_max[s]),
+                            sm_avail=int(max(0.0, gpu_sms - float(report.training_sms[s]))),
+                            deadline_misses=int(report.misses[s]))

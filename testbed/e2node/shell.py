@@ -1,0 +1,81 @@
+"""The asyncio shell of one E2 node: an RMR endpoint to the E2 termination around the sans-IO `E2Node`.
+
+Simplification (stated): real E2 nodes speak SCTP to the E2T; this node sends its E2AP over RMR with
+`meid` = its RAN inventory name, using a static route table that sends everything to the E2T.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from xapp.rmr import RmrEndpoint, RmrError, RmrMessage, RmrSendError
+
+from ..ric.routes import node_route_table
+from .config import NodeConfig
+from .measure import SiteMeasurements
+from .node import E2Node, Outgoing
+
+log = logging.getLogger("weaver.e2node")
+
+
+class NodeShell:
+    def __init__(self, node: E2Node, ep: RmrEndpoint) -> None:
+        self.node = node
+        self.ep = ep
+        self._task: asyncio.Task | None = None
+        self.send_errors = 0
+
+    @classmethod
+    async def open(cls, config: NodeConfig, ran, e2term: str, host: str = "127.0.0.1", port: int = 0) -> NodeShell:
+        ep = await RmrEndpoint.open(port, src_id=host, bind_if=host, env={})
+        ep.load_route_table(node_route_table(e2term))
+        shell = cls(E2Node(config, ran), ep)
+        shell._task = asyncio.ensure_future(shell._serve())
+        return shell
+
+    @property
+    def meid(self) -> str:
+        return self.node.config.inventory_name
+
+    async def _send(self, out: Outgoing) -> None:
+        try:
+            await self.ep.send(RmrMessage(out.mtype, out.payload, meid=self.meid))
+        except RmrSendError as exc:
+            self.send_errors += 1
+            log.info("%s: mtype %d not sent: %s", self.meid, out.mtype, exc)
+
+    async def setup(self, timeout: float = 10.0, retry_s: float = 0.5) -> None:
+        """E2 setup, repeated every `retry_s` until the E2T answers (it may start after us)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not self.node.connected:
+            await self._send(self.node.setup_request())
+            for _ in range(int(retry_s / 0.02)):
+                if self.node.connected:
+                    return
+                await asyncio.sleep(0.02)
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"{self.meid}: no E2 setup response within {timeout}s")
+
+    async def report(self, m: SiteMeasurements, now_ms: float, collect_start_ntp: int) -> int:
+        outs = self.node.on_period(m, now_ms, collect_start_ntp)
+        for out in outs:
+            await self._send(out)
+        return len(outs)
+
+    async def _serve(self) -> None:
+        while True:
+            try:
+                msg = await self.ep.receive()
+            except RmrError:
+                return
+            try:
+                for out in self.node.receive(msg.mtype, msg.payload):
+                    await self._send(out)
+            except Exception:  # a bug on one message must not silence the node
+                log.exception("%s: failed on mtype %d", self.meid, msg.mtype)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.ep.close()

@@ -1,0 +1,267 @@
+"""The E2 termination: forwards E2AP between E2 nodes, the subscription manager and xApps over RMR.
+
+Simplification (stated): real E2 nodes reach the E2T over SCTP (port 36422); here they use RMR
+too, one RMR endpoint per node. Everything xApps and submgr see is as in OSC: mtype 12050 with
+`sub_id` = the subscription's E2EventInstanceId (the RICrequestID instance ID the node echoes) and
+`meid` = the node's RAN inventory name; controls 12040 in, 12041/12042 back; 10030 error indications.
+
+The E2T also plays e2mgr for E2 setup: it names the node as e2mgr does (`ran_name`), writes the
+R-NIB, adds the node to the meid map of its route table, and answers E2setupResponse.
+
+Routing is by route table throughout (rmr-wire §9): the E2T re-renders its own table whenever a
+node connects, an xApp appears, or submgr adds or removes a subscription route, as rtmgr would.
+Bad input never stops it: an undecodable control from an xApp is answered with an E2AP
+ErrorIndication (10030), a control for an unknown node with a RICcontrolFailure (12042); anything
+else undecodable is counted and dropped.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from e2sm import e2ap
+from e2sm.errors import E2DecodeError
+from xapp.rmr import RmrError, RmrMessage, RmrSendError
+
+from .rnib import NodeRecord, RanFunctionRecord, RnibWriter
+from .routes import (
+    RIC_CONTROL_ACK,
+    RIC_CONTROL_FAILURE,
+    RIC_CONTROL_REQ,
+    RIC_E2_SETUP_REQ,
+    RIC_E2_SETUP_RESP,
+    RIC_ERROR_INDICATION,
+    RIC_INDICATION,
+    RIC_SUB_DEL_FAILURE,
+    RIC_SUB_DEL_REQ,
+    RIC_SUB_DEL_RESP,
+    RIC_SUB_FAILURE,
+    RIC_SUB_REQ,
+    RIC_SUB_RESP,
+    RicRoutes,
+    e2term_route_table,
+)
+
+log = logging.getLogger("weaver.ric.e2term")
+
+KPM_OID_PREFIXES = ("1.3.6.1.4.1.53148.1.2.2", "1.3.6.1.4.1.53148.1.3.2")
+RC_OID = "1.3.6.1.4.1.53148.1.1.2.3"
+
+
+def ran_name(node_id: e2ap.GlobalE2NodeId) -> str:
+    """The RAN inventory name e2mgr gives a gNB: gnb_<MCC>_<MNC>_<gNB-ID as 8 hex digits>."""
+    return f"gnb_{node_id.plmn[:3]}_{node_id.plmn[3:]}_{node_id.gnb_id:08x}"
+
+
+def supported_oid(oid: str) -> bool:
+    return oid == RC_OID or any(oid.startswith(p) for p in KPM_OID_PREFIXES)
+
+
+@dataclass
+class E2TermStats:
+    forwarded: dict[int, int] = field(default_factory=dict)
+    dropped_undecodable: int = 0
+    dropped_unroutable: int = 0
+    error_indications_sent: int = 0
+    control_failures_sent: int = 0
+    setups: int = 0
+
+
+class E2Termination:
+    """Serve one RMR endpoint `ep` (already open) for nodes, submgr and xApps."""
+
+    def __init__(self, ep, submgr: str, rnib: RnibWriter, xapps: tuple[str, ...] = (),
+                 ric_plmn: str = "00101", ric_id: int = 1) -> None:
+        self.ep = ep
+        self.rnib = rnib
+        self.ric_plmn = ric_plmn
+        self.ric_id = ric_id
+        self.nodes: dict[str, NodeRecord] = {}
+        self._node_addr: dict[str, str] = {}
+        self._xapps: dict[str, None] = dict.fromkeys(xapps)
+        self._subs: dict[int, str] = {}
+        self._submgr = submgr
+        self.stats = E2TermStats()
+        self._task: asyncio.Task | None = None
+        self._reload()
+
+    # -- routing -----------------------------------------------------------------------------------
+
+    @property
+    def routes(self) -> RicRoutes:
+        return RicRoutes(submgr=self._submgr, xapps=tuple(self._xapps), nodes=dict(self._node_addr),
+                         subscriptions=dict(self._subs))
+
+    def _reload(self) -> None:
+        notes = self.ep.load_route_table(e2term_route_table(self.routes))
+        if not self.ep.ready:
+            raise RuntimeError(f"E2T route table did not commit: {notes}")
+
+    def set_subscription_route(self, sub_id: int, xapp: str | None) -> None:
+        """submgr's request to rtmgr: indications with `sub_id` go to `xapp` (None removes the route)."""
+        if xapp is None:
+            if self._subs.pop(sub_id, None) is None:
+                return
+        else:
+            self._subs[sub_id] = xapp
+        self._reload()
+
+    def add_xapp(self, endpoint: str) -> None:
+        if endpoint and endpoint not in self._xapps:
+            self._xapps[endpoint] = None
+            self._reload()
+
+    def is_connected(self, meid: str) -> bool:
+        return meid in self.nodes
+
+    # -- serving -----------------------------------------------------------------------------------
+
+    def start(self) -> asyncio.Task:
+        self._task = asyncio.ensure_future(self._serve())
+        return self._task
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for node in self.nodes.values():
+            self.rnib.node_disconnected(node)
+
+    async def _serve(self) -> None:
+        while True:
+            try:
+                msg = await self.ep.receive()
+            except RmrError:
+                return
+            try:
+                await self.handle(msg)
+            except Exception:  # one bad message must never stop the E2T
+                log.exception("e2term: failed on mtype %d from %s", msg.mtype, msg.src)
+
+    async def handle(self, msg: RmrMessage) -> None:
+        t = msg.mtype
+        if t == RIC_INDICATION:
+            await self._from_node_indication(msg)
+        elif t == RIC_E2_SETUP_REQ:
+            await self._setup(msg)
+        elif t in (RIC_SUB_RESP, RIC_SUB_FAILURE, RIC_SUB_DEL_RESP, RIC_SUB_DEL_FAILURE):
+            await self._from_node_to_submgr(msg)
+        elif t in (RIC_CONTROL_ACK, RIC_CONTROL_FAILURE, RIC_ERROR_INDICATION):
+            await self._forward(msg.replace(sub_id=-1))
+        elif t in (RIC_SUB_REQ, RIC_SUB_DEL_REQ):
+            await self._forward(msg)  # submgr -> node, by meid
+        elif t == RIC_CONTROL_REQ:
+            await self._control(msg)
+        else:
+            self.stats.dropped_unroutable += 1
+
+    async def _forward(self, msg: RmrMessage) -> bool:
+        try:
+            await self.ep.send(msg)
+        except RmrSendError as exc:
+            self.stats.dropped_unroutable += 1
+            log.debug("e2term: mtype %d sub_id %d meid %s not delivered: %s", msg.mtype, msg.sub_id, msg.meid, exc)
+            return False
+        self.stats.forwarded[msg.mtype] = self.stats.forwarded.get(msg.mtype, 0) + 1
+        return True
+
+    def _node_of(self, msg: RmrMessage) -> str | None:
+        meid = msg.meid
+        if meid in self.nodes and self._node_addr.get(meid) in (msg.src, msg.srcip):
+            return meid
+        for name, addr in self._node_addr.items():
+            if addr in (msg.src, msg.srcip):
+                return name
+        return None
+
+    async def _from_node_indication(self, msg: RmrMessage) -> None:
+        meid = self._node_of(msg)
+        try:
+            pdu = e2ap.decode_e2ap(msg.payload)
+        except E2DecodeError as exc:
+            self.stats.dropped_undecodable += 1
+            log.debug("e2term: undecodable indication from %s: %s", msg.src, exc)
+            return
+        if meid is None or not isinstance(pdu, e2ap.RicIndication):
+            self.stats.dropped_undecodable += 1
+            return
+        # OSC E2T puts the RICrequestID instance ID (= submgr's sub_id) into the RMR header.
+        await self._forward(msg.replace(sub_id=pdu.request_id.instance, meid=meid))
+
+    async def _from_node_to_submgr(self, msg: RmrMessage) -> None:
+        meid = self._node_of(msg)
+        try:
+            pdu = e2ap.decode_e2ap(msg.payload)
+        except E2DecodeError:
+            self.stats.dropped_undecodable += 1
+            return
+        rid = getattr(pdu, "request_id", None)
+        if meid is None or rid is None:
+            self.stats.dropped_undecodable += 1
+            return
+        await self._forward(msg.replace(sub_id=rid.instance, meid=meid))
+
+    async def _control(self, msg: RmrMessage) -> None:
+        if msg.src:
+            self.add_xapp(msg.src)  # the reply routes back to whoever sends controls
+        try:
+            pdu = e2ap.decode_e2ap(msg.payload)
+        except E2DecodeError as exc:
+            await self._error_indication(msg, e2ap.ErrorIndication(cause=e2ap.Cause("protocol", "transfer-syntax-error")),
+                                         f"undecodable RICcontrolRequest: {exc}")
+            return
+        if not isinstance(pdu, e2ap.RicControlRequest):
+            await self._error_indication(msg, e2ap.ErrorIndication(
+                cause=e2ap.Cause("protocol", "abstract-syntax-error-falsely-constructed-message"),
+                request_id=getattr(pdu, "request_id", None)), f"mtype 12040 carried a {type(pdu).__name__}")
+            return
+        if msg.meid not in self.nodes:
+            failure = e2ap.RicControlFailure(pdu.request_id, pdu.ran_function_id,
+                                             e2ap.Cause("transport", "transport-resource-unavailable"))
+            self.stats.control_failures_sent += 1
+            await self._reply(msg, RIC_CONTROL_FAILURE, e2ap.encode_e2ap(failure))
+            return
+        await self._forward(msg.replace(sub_id=-1))
+
+    async def _error_indication(self, msg: RmrMessage, ind: e2ap.ErrorIndication, why: str) -> None:
+        log.info("e2term: error indication to %s: %s", msg.src, why)
+        self.stats.error_indications_sent += 1
+        await self._reply(msg, RIC_ERROR_INDICATION, e2ap.encode_e2ap(ind))
+
+    async def _reply(self, msg: RmrMessage, mtype: int, payload: bytes) -> None:
+        try:
+            await self.ep.rts(msg, mtype=mtype, payload=payload)
+        except RmrSendError as exc:
+            log.info("e2term: reply to %s lost: %s", msg.src, exc)
+
+    async def _setup(self, msg: RmrMessage) -> None:
+        try:
+            req = e2ap.decode_e2ap(msg.payload)
+        except E2DecodeError as exc:
+            self.stats.dropped_undecodable += 1
+            log.info("e2term: undecodable E2 setup from %s: %s", msg.src, exc)
+            return
+        if not isinstance(req, e2ap.E2SetupRequest) or not msg.src:
+            self.stats.dropped_undecodable += 1
+            return
+        name = ran_name(req.node_id)
+        accepted = tuple((f.ran_function_id, f.revision) for f in req.ran_functions if supported_oid(f.oid))
+        rejected = tuple((f.ran_function_id, e2ap.Cause("ricService", "ran-function-not-supported"))
+                         for f in req.ran_functions if not supported_oid(f.oid))
+        node = NodeRecord(
+            inventory_name=name, plmn=req.node_id.plmn, gnb_id=req.node_id.gnb_id,
+            gnb_id_bits=req.node_id.gnb_id_bits, e2t_address=self.ep.src,
+            ran_functions=tuple(RanFunctionRecord(f.ran_function_id, f.definition, f.revision, f.oid)
+                                for f in req.ran_functions if supported_oid(f.oid)),
+            ip=msg.src.rpartition(":")[0], port=int(msg.src.rpartition(":")[2] or 0))
+        self.nodes[name] = node
+        self._node_addr[name] = msg.src
+        self._reload()
+        self.rnib.node_connected(node)
+        self.stats.setups += 1
+        acks = tuple(e2ap.E2NodeComponentAck(c.interface_type, c.component_id, True) for c in req.components)
+        resp = e2ap.E2SetupResponse(req.transaction_id, self.ric_plmn, self.ric_id, accepted, rejected,
+                                    component_acks=acks)
+        await self._forward(RmrMessage(RIC_E2_SETUP_RESP, e2ap.encode_e2ap(resp), meid=name))
+        log.info("e2term: E2 setup from %s at %s: %d RAN functions accepted", name, msg.src, len(accepted))

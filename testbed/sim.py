@@ -1,0 +1,225 @@
+"""`weaver sim`: N simulated sites (E2 nodes over the RAN model) plus the mini-RIC, standalone.
+
+Any xApp can use it: the command prints where the SubMgr REST API, the E2 termination's RMR port,
+the xApp route table (for RMR_SEED_RT) and the R-NIB (SDL namespace e2Manager) are, one
+`weaver-sim: <key> <value>` line each, then `weaver-sim: ready`, and runs until SIGINT/SIGTERM.
+
+`Simulation` is the library behind it (tests and `weaver up` use it directly):
+
+    sim = await Simulation.start(SimConfig(n_sites=2))
+    report = await sim.step()      # one reporting period: model step + KPM indications
+    await sim.run(stop_event)      # paced: real time (`speed` 1.0), faster, or as fast as possible (0)
+    await sim.close()
+
+Time: the RAN model's slot is the virtual time. `step()` advances it by one period; `run()` paces
+steps against the wall clock only when `speed` > 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ricxappframe.xapp_sdl import SDLWrapper
+
+from testbed.e2node.config import KPM_VERSIONS, RC_TABLES, node_configs
+from testbed.e2node.measure import from_period_report
+from testbed.e2node.shell import NodeShell
+from testbed.model import RanModel, Scenario, SiteConfig
+from testbed.ric.mini import MiniRic
+
+log = logging.getLogger("weaver.sim")
+
+NTP_UNIX_OFFSET = 2208988800  # seconds from 1900-01-01 (NTP era 0) to 1970-01-01
+
+
+def ntp64(unix_s: float) -> int:
+    """64-bit NTP timestamp (KPM v3 TimeStamp): seconds since 1900 in the high word, fraction low."""
+    sec = int(unix_s)
+    return ((sec + NTP_UNIX_OFFSET) << 32) | int((unix_s - sec) * (1 << 32))
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    n_sites: int = 2
+    n_cells: int = 4
+    scenario: str | None = None  # a named testbed.model scenario instead of n_sites x n_cells
+    seed: int = 0
+    host: str = "127.0.0.1"
+    e2term_port: int = 0
+    submgr_rmr_port: int = 0
+    submgr_http_port: int = 0
+    xapps: tuple[str, ...] = ()
+    kpm_version: str = "v3.00"
+    rc_table: str = "srsran"
+    node_overrides: dict = field(default_factory=dict, hash=False, compare=False)  # site -> NodeConfig fields
+    route_dir: str | None = None
+    speed: float = 1.0  # x real time; 0 = as fast as possible
+    epoch_unix: float | None = None  # wall time of slot 0 (indication timestamps); default: start time
+
+
+def build_scenario(cfg: SimConfig) -> Scenario:
+    if cfg.scenario:
+        from testbed import model
+
+        named = getattr(model, "scenario", None) or getattr(model, "get_scenario", None)
+        if named is None:
+            raise SystemExit("weaver sim: named scenarios are not available in testbed.model")
+        return named(cfg.scenario)
+    from testbed.model.config import CellConfig
+
+    return Scenario("sim", f"{cfg.n_sites} sites x {cfg.n_cells} cells (weaver sim default)",
+                    sites=tuple(SiteConfig(i, cells=(CellConfig(),) * cfg.n_cells) for i in range(cfg.n_sites)))
+
+
+class Simulation:
+    def __init__(self, cfg: SimConfig, model: RanModel, ric: MiniRic, nodes: list[NodeShell]) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.ric = ric
+        self.nodes = nodes
+        self.epoch_unix = cfg.epoch_unix if cfg.epoch_unix is not None else time.time()
+        self.periods = 0
+
+    @classmethod
+    async def start(cls, cfg: SimConfig, sdl: SDLWrapper | None = None) -> Simulation:
+        scenario = build_scenario(cfg)
+        model = RanModel(scenario, seed=cfg.seed)
+        ric = await MiniRic.start(cfg.host, cfg.e2term_port, cfg.submgr_rmr_port, cfg.submgr_http_port,
+                                  cfg.xapps, sdl, cfg.route_dir)
+        nodes: list[NodeShell] = []
+        try:
+            for nc in node_configs(scenario, cfg.kpm_version, cfg.rc_table, cfg.node_overrides):
+                nodes.append(await NodeShell.open(nc, model, ric.e2term_address, cfg.host))
+            await asyncio.gather(*(n.setup() for n in nodes))
+        except BaseException:
+            for n in nodes:
+                await n.close()
+            await ric.close()
+            raise
+        return cls(cfg, model, ric, nodes)
+
+    @property
+    def period_s(self) -> float:
+        return self.model.scenario.period_s
+
+    @property
+    def now_s(self) -> float:
+        """Virtual time: seconds of simulated RAN since slot 0."""
+        return self.model.slot * 0.0005
+
+    def endpoints(self) -> dict[str, str]:
+        return {
+            "submgr": self.ric.submgr_url + "/subscriptions",
+            "e2term-rmr": self.ric.e2term_address,
+            "route-table": str(self.ric.route_file) if self.ric.route_file else "",
+            "rnib": f"sdl namespace {self.ric.rnib_namespace}",
+            "nodes": ",".join(n.meid for n in self.nodes),
+        }
+
+    async def step(self):
+        """One period: the RAN model runs it, then every node reports what its subscriptions ask for."""
+        start_s = self.now_s
+        report = self.model.step_period()
+        now_ms = self.now_s * 1000.0
+        stamp = ntp64(self.epoch_unix + start_s)
+        for node in self.nodes:
+            m = from_period_report(report, node.node.config.site, node.node.config.gpu_sms)
+            await node.report(m, now_ms, stamp)
+        self.periods += 1
+        await asyncio.sleep(0)  # let controls and subscriptions in before the next period
+        return report
+
+    async def run(self, stop: asyncio.Event, max_periods: int | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        n = 0
+        while not stop.is_set() and (max_periods is None or n < max_periods):
+            await self.step()
+            n += 1
+            if self.cfg.speed > 0:
+                wait = t0 + n * self.period_s / self.cfg.speed - loop.time()
+                if wait > 0:
+                    try:
+                        await asyncio.wait_for(stop.wait(), wait)
+                    except TimeoutError:
+                        pass
+
+    async def close(self) -> None:
+        for n in self.nodes:
+            await n.close()
+        await self.ric.close()
+
+
+# -- CLI adapter ------------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sites", type=int, default=2, help="number of sites (one E2 node each)")
+    parser.add_argument("--cells", type=int, default=4, help="cells per site")
+    parser.add_argument("--scenario", default=None, help="named scenario of testbed.model (overrides --sites/--cells)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--host", default="127.0.0.1", help="address every endpoint binds to and advertises")
+    parser.add_argument("--e2term-port", type=int, default=38000, help="E2 termination RMR port (0: any free)")
+    parser.add_argument("--submgr-port", type=int, default=8088, help="SubMgr REST port (0: any free)")
+    parser.add_argument("--submgr-rmr-port", type=int, default=0)
+    parser.add_argument("--xapp", action="append", default=[], metavar="HOST:PORT",
+                        help="an xApp RMR endpoint to route control ACK/FAILURE and error indications to")
+    parser.add_argument("--kpm", choices=KPM_VERSIONS, default="v3.00", help="KPM version of every node")
+    parser.add_argument("--rc-table", choices=RC_TABLES, default="srsran", help="RC parameter-ID table")
+    parser.add_argument("--speed", type=float, default=1.0, help="x real time; 0 = as fast as possible")
+    parser.add_argument("--route-dir", default=None, help="where to write xapp.rt (default: a temp dir)")
+    parser.add_argument("--redis", default=None, metavar="HOST:PORT",
+                        help="R-NIB in this Redis (default: DBAAS_SERVICE_HOST/PORT if set, else embedded)")
+    parser.add_argument("--json", default=None, help="also write the endpoints as JSON to this file")
+
+
+def _sdl_from(args) -> SDLWrapper:
+    if args.redis:
+        host, _, port = args.redis.rpartition(":")
+        os.environ["DBAAS_SERVICE_HOST"], os.environ["DBAAS_SERVICE_PORT"] = host, port
+    if os.environ.get("DBAAS_SERVICE_HOST"):
+        return SDLWrapper()
+    print("weaver-sim: note R-NIB in an embedded in-process store (set --redis or DBAAS_* to share it)", flush=True)
+    return SDLWrapper(use_fake_sdl=True)
+
+
+async def _main(args) -> int:
+    route_dir = args.route_dir or tempfile.mkdtemp(prefix="weaver-sim-")
+    cfg = SimConfig(n_sites=args.sites, n_cells=args.cells, scenario=args.scenario, seed=args.seed, host=args.host,
+                    e2term_port=args.e2term_port, submgr_http_port=args.submgr_port,
+                    submgr_rmr_port=args.submgr_rmr_port, xapps=tuple(args.xapp), kpm_version=args.kpm,
+                    rc_table=args.rc_table, route_dir=route_dir, speed=args.speed)
+    sim = await Simulation.start(cfg, _sdl_from(args))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        eps = sim.endpoints()
+        for key, value in eps.items():
+            print(f"weaver-sim: {key} {value}", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(eps, indent=2))
+        print("weaver-sim: ready", flush=True)
+        await sim.run(stop)
+    finally:
+        await sim.close()
+    print(f"weaver-sim: stopped after {sim.periods} periods ({sim.now_s:.1f} s simulated)", flush=True)
+    return 0
+
+
+def run(args) -> int:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    try:
+        return asyncio.run(_main(args))
+    except OSError as exc:
+        print(f"weaver sim: {exc}", file=sys.stderr)
+        return 2
