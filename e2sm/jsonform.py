@@ -56,7 +56,13 @@ def decode_json(kind: str, data: bytes) -> Any:
     if kind == E2AP_KIND:
         return _e2ap().decode_json(data)
     module, type_name = _split(kind, E2DecodeError)
-    value = _asn1.decode(module, type_name, data)
+    try:
+        value = _asn1.decode(module, type_name, data)
+    except E2DecodeError as exc:
+        if type_name == "E2SM-KPM-IndicationHeader":  # the one KPM type whose bytes differ by version
+            other = "kpm-v3.00" if module == "kpm-v2.03" else "kpm-v2.03"
+            raise E2DecodeError(f"{exc}; probable KPM version mismatch (try {other})") from exc
+        raise
     try:
         return to_json(_asn1.per_type(module, type_name), value, type_name)
     except RecursionError:
