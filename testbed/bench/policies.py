@@ -1,0 +1,410 @@
+"""`weaver bench policies`: the four grant policies (weaver in two actuation modes) on the same work.
+
+Measurement discipline (architecture.md):
+- Equal reliability: each arm's knob (static reservation, reactive margin, weaver guard) is tuned on a
+  calibration trace (seed S) to the deadline-miss target, then measured on an evaluation trace (seed S+1).
+  Training does not change RAN demand in the model, so for a given shaping run every knob value can be
+  replayed offline from the recorded per-slot demand: one calibration and one evaluation simulation per
+  shaping (none, envelope, quota), every knob value evaluated exactly.
+- Absolute numbers beside ratios; load regime (measured) and partition mechanism stated.
+- Usable spare per lease: min(grant, SMs above the lease's highest per-slot RAN demand, rounded down to
+  the granularity) x time, counted after the partition's reconfiguration latency (during it only the
+  smaller of the old and new partitions runs) and only for spans of at least one training quantum.
+- Used: the agent's step-cost model (`testbed.model.training`) inside each lease window.
+- Conservation: after a drain phase, served bytes per slice equal the uncapped run's; total RAN work
+  (sum of per-slot demand) equals the uncapped run's, so total spare is unchanged.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from testbed import scenarios as named
+from testbed.model import PhyCost, RanModel, Scenario, bytes_per_prb
+from testbed.model.ran import DELAY_BINS, PeriodReport
+from testbed.model.training import StepCostModel
+from xapp.policy import (
+    OraclePolicy,
+    QuotaCost,
+    ReactivePolicy,
+    SiteHistory,
+    SiteObservation,
+    StaticPolicy,
+    WeaverPolicy,
+    floor_to,
+)
+
+ARMS = ("static", "reactive", "weaver-envelope", "weaver-quota", "oracle")
+TARGET = 1e-5
+DRAIN_PERIODS = 40
+
+
+@dataclass
+class RunRecord:
+    """One simulation of a scenario: per-slot demand (ceil SMs, uint8) and per-period observations."""
+
+    demand: np.ndarray  # (P, T, S) uint8, ceil of per-slot SMs
+    period_max: np.ndarray  # (P, S)
+    observations: list  # [P][S] SiteObservation
+    envelopes: np.ndarray  # (P, S) E each period was run under (0 = none)
+    delay_hist: np.ndarray
+    served_bytes: np.ndarray
+    demand_sum: float
+    controls: int
+    plot: np.ndarray  # (T_plot, S) float demand of the first periods, for plots
+
+
+def quota_cost(scenario: Scenario) -> QuotaCost:
+    """Worst-case SMs per best-effort PRB (top MCS, max layers) for quota sizing."""
+    cost = PhyCost.calibrated()
+    cell = scenario.sites[0].cells[0]
+    dl = cost.dl.work_per_byte * float(bytes_per_prb(27, cell.dl_layers)) / cost.dl.budget_us
+    ul = cost.ul.work_per_byte * float(bytes_per_prb(27, cell.ul_layers)) / cost.ul.budget_us
+    return QuotaCost(dl_sms_per_prb=dl, ul_sms_per_prb=ul, cell_prbs=cell.prbs)
+
+
+def observe(rep: PeriodReport, scenario: Scenario, s: int, now: float) -> SiteObservation:
+    site = scenario.sites[s]
+    be_prb = np.maximum(rep.slice_prb_used_dl[s, :, 1], rep.slice_prb_used_ul[s, :, 1])
+    return SiteObservation(
+        site_id=s, now=now, gpu_sms=site.gpu_sms, granularity=site.granularity, period_s=rep.period_s,
+        demand_mean=float(rep.sm_mean[s]), demand_max=float(rep.sm_max[s]),
+        prb_util=tuple(float(x) for x in rep.prb_util_dl[s]), fresh=True,
+        offered_mean=float(rep.offered_mean[s]), offered_max=float(rep.offered_max[s]),
+        nondeferrable_max=float(rep.nondeferrable_max[s]), be_delay_ms=float(rep.added_delay_max_ms[s]),
+        be_delay_budget_ms=site.slices[1].delay_budget_ms, be_prb_per_cell=tuple(float(x) for x in be_prb),
+        n_cells=scenario.n_cells)
+
+
+def simulate(scenario: Scenario, seed: int, n_periods: int, shaping: str | None, plot_periods: int = 20,
+             progress=None) -> RunRecord:
+    """Run the RAN for n_periods; with `shaping` the weaver policy (guard irrelevant here) drives the
+    envelope or quotas in the loop, as the xApp would (decision after period p applies to p + 1)."""
+    model = RanModel(scenario, seed)
+    S, T = scenario.n_sites, scenario.period_slots
+    policy = WeaverPolicy(mode=shaping, cost=quota_cost(scenario)) if shaping else None
+    hist = [SiteHistory() for _ in range(S)]
+    demand = np.zeros((n_periods, T, S), dtype=np.uint8)
+    pmax = np.zeros((n_periods, S))
+    envs = np.zeros((n_periods, S))
+    obs_all = []
+    plot = []
+    controls = 0
+    last_caps: dict[int, tuple] = {}
+    demand_sum = 0.0
+    for p in range(n_periods):
+        envs[p] = np.where(np.isfinite(model.envelope), model.envelope, 0)
+        rep = model.step_period()
+        demand[p] = np.minimum(np.ceil(rep.demand - 1e-9), 255)
+        pmax[p] = rep.sm_max
+        demand_sum += float(rep.demand.sum())
+        if p < plot_periods:
+            plot.append(rep.demand)
+        now = model.slot * 0.0005
+        obs = [observe(rep, scenario, s, now) for s in range(S)]
+        obs_all.append(obs)
+        if policy is not None:
+            for s in range(S):
+                d = policy.decide(obs[s], hist[s])
+                hist[s].record(obs[s], d)
+                if shaping == "envelope":
+                    if d.envelope_sms != (model.envelope[s] if np.isfinite(model.envelope[s]) else None):
+                        model.set_envelope(s, d.envelope_sms)
+                        controls += 1
+                elif d.caps and last_caps.get(s) != d.caps:
+                    be = scenario.sites[s].slices[1]
+                    for cap in d.caps:
+                        model.set_slice_quota(s, cap.cell, be.sst, be.sd, 0, cap.be_max_ratio, 0)
+                        controls += 1
+                    last_caps[s] = d.caps
+        if progress:
+            progress(1)
+    # Drain: lift every cap and run on until deferred work is served, for the conservation check.
+    for s in range(S):
+        model.set_envelope(s, None)
+        be = scenario.sites[s].slices[1]
+        for c in range(scenario.n_cells):
+            model.set_slice_quota(s, c, be.sst, be.sd, 0, 100, 0)
+    for _ in range(DRAIN_PERIODS):
+        rep = model.step_period()
+        demand_sum += float(rep.demand.sum())
+    return RunRecord(demand=demand, period_max=pmax, observations=obs_all, envelopes=envs,
+                     delay_hist=model.delay_hist.copy(), served_bytes=model.served_bytes.copy(),
+                     demand_sum=demand_sum, controls=controls, plot=np.concatenate(plot) if plot else np.zeros((0, S)))
+
+
+def replay(policy, run: RunRecord, scenario: Scenario, oracle_next: np.ndarray | None = None) -> np.ndarray:
+    """Grants (P, S) the policy issues over a recorded run: grant[p] is decided from period p - 1."""
+    P, S = run.period_max.shape
+    grants = np.zeros((P, S), dtype=int)
+    hist = [SiteHistory() for _ in range(S)]
+    for p in range(P - 1):
+        for s in range(S):
+            obs = run.observations[p][s]
+            if oracle_next is not None:
+                obs = SiteObservation(**{**asdict(obs), "oracle_next_max": float(oracle_next[p + 1, s])})
+            d = policy.decide(obs, hist[s])
+            hist[s].record(obs, d)
+            grants[p + 1, s] = d.grant_sms
+    return grants
+
+
+def weaver_grants(run: RunRecord, scenario: Scenario, guard: int) -> np.ndarray:
+    """Weaver grants for another guard: E is independent of the guard, so recompute C - E - guard."""
+    out = np.zeros(run.envelopes.shape, dtype=int)
+    for s, site in enumerate(scenario.sites):
+        sized = run.sized[:, s]
+        out[:, s] = [floor_to(site.gpu_sms - e - guard, site.granularity) if e > 0 else 0 for e in sized]
+    return out
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    usable_spare_sm_s: float
+    granted_sm_s: float
+    used_sm_s: float
+    deadline_misses: int
+    deadline_miss_rate: float
+    utilization: float
+    used_over_granted: float
+    spare_sm_s: float
+
+
+def account(grants: np.ndarray, run: RunRecord, scenario: Scenario, step: StepCostModel) -> ArmResult:
+    P, T, S = run.demand.shape
+    D = scenario.period_s
+    L = scenario.reconfig_s
+    gpu = np.array([s.gpu_sms for s in scenario.sites])
+    gran = np.array([s.granularity for s in scenario.sites])
+    misses = int((run.demand > (gpu[None, :] - grants)[:, None, :]).sum())
+    headroom = np.floor(np.maximum(gpu[None, :] - run.period_max, 0) / gran[None, :] + 1e-9) * gran[None, :]
+    usable = used = 0.0
+    for s in range(S):
+        prev = 0
+        low = 0
+        busy_until = -1.0  # absolute time until which only `low` SMs run (reconfiguration)
+        for p in range(P):
+            g = int(grants[p, s])
+            t0 = p * D
+            if g != prev:
+                if L > 0:
+                    low = min(low if t0 < busy_until else prev, g)
+                    busy_until = t0 + L
+                prev = g
+            segments = []
+            if L > 0 and t0 < busy_until:
+                first = min(D, busy_until - t0)
+                segments.append((low, first, True))
+                if D - first > 0:
+                    segments.append((g, D - first, False))
+            else:
+                segments.append((g, D, True))
+            for level, length, continuing in segments:
+                if level <= 0 or (not continuing and length < step.quantum_s):
+                    continue
+                usable += min(level, headroom[p, s]) * length
+                used += level * step.busy_s(length)
+    granted = float(grants.sum() * D)
+    spare = float((gpu[None, None, :] - run.demand).clip(0).sum() * 0.0005)
+    n = P * T * S
+    return ArmResult(usable_spare_sm_s=usable, granted_sm_s=granted, used_sm_s=used, deadline_misses=misses,
+                     deadline_miss_rate=misses / n, utilization=used / usable if usable else 0.0,
+                     used_over_granted=used / granted if granted else 0.0, spare_sm_s=spare)
+
+
+def tune(make, knobs, run: RunRecord, scenario: Scenario, step: StepCostModel):
+    """The most aggressive knob (first in `knobs`) whose calibration miss rate meets the target."""
+    for k in knobs:
+        res = account(make(k), run, scenario, step)
+        if res.deadline_miss_rate <= TARGET:
+            return k, res
+    return knobs[-1], account(make(knobs[-1]), run, scenario, step)
+
+
+def delay_quantiles(hist: np.ndarray, shaped: bool) -> dict:
+    """p50/p99 (ms) per slice from the model's bytes-weighted histograms; the compute-aware stage's delay
+    adds to the MAC queue delay (convolution: independence assumed between the two stages)."""
+    out = {}
+    for sl, name in ((0, "protected"), (1, "best_effort")):
+        h = hist[0, sl]
+        if shaped and sl == 1 and hist[1, 1].sum() > 0:
+            h = np.convolve(h / h.sum(), hist[1, 1] / hist[1, 1].sum())[:DELAY_BINS]
+        c = np.cumsum(h) / max(h.sum(), 1e-12)
+        for q in (0.5, 0.99):
+            out[f"{name}_delay_p{int(q * 100)}_ms"] = float(np.searchsorted(c, q) * 0.5)
+    return out
+
+
+def run_scenario(name: str, n_periods: int, seed: int, step: StepCostModel, progress=None, overrides=None):
+    sc = named.get(name, **(overrides or {}))
+    stats = named.scenario_stats(sc, seed + 7, n_periods=min(n_periods, 100))
+    runs = {}
+    for split, sd in (("calibration", seed), ("evaluation", seed + 1)):
+        for shaping in (None, "envelope", "quota"):
+            r = simulate(sc, sd, n_periods, shaping, progress=progress)
+            r.sized = _sized(r, sc, shaping)
+            runs[split, shaping] = r
+    S = sc.n_sites
+    gpu = max(s.gpu_sms for s in sc.sites)
+    steps = list(range(0, gpu + 1, sc.sites[0].granularity))
+    arms = {}
+    # static: reservation from the calibration trace's per-slot demand
+    cal = runs["calibration", None]
+    reserve = StaticPolicy.reservation_for(cal.demand, sc.sites[0].granularity, TARGET)
+    static_knobs = [r for r in steps if r >= reserve]
+    k, cres = tune(lambda r: replay(StaticPolicy(r), cal, sc), static_knobs, cal, sc, step)
+    arms["static"] = ({"reserve_sms": k}, cres, replay(StaticPolicy(k), runs["evaluation", None], sc), None)
+    k, cres = tune(lambda m: replay(ReactivePolicy(m), cal, sc), steps, cal, sc, step)
+    arms["reactive"] = ({"margin_sms": k}, cres, replay(ReactivePolicy(k), runs["evaluation", None], sc), None)
+    for mode in ("envelope", "quota"):
+        cal_w = runs["calibration", mode]
+        k, cres = tune(lambda g, r=cal_w: weaver_grants(r, sc, g), steps, cal_w, sc, step)
+        arms[f"weaver-{mode}"] = ({"guard_sms": k}, cres, weaver_grants(runs["evaluation", mode], sc, k), mode)
+    ev = runs["evaluation", None]
+    oracle = replay(OraclePolicy(), ev, sc, oracle_next=ev.period_max)
+    arms["oracle"] = ({}, account(replay(OraclePolicy(), cal, sc, oracle_next=cal.period_max), cal, sc, step),
+                      oracle, None)
+    result = {"description": sc.description, "load": asdict(stats), "partition": sc.partition,
+              "reconfig_s": sc.reconfig_s, "sites": S, "period_s": sc.period_s,
+              "slots_per_arm": int(n_periods * sc.period_slots * S), "calibration_seed": seed,
+              "evaluation_seed": seed + 1, "arms": {}}
+    base_delay = delay_quantiles(ev.delay_hist, False)
+    for arm, (knob, cres, grants, mode) in arms.items():
+        run = runs["evaluation", mode]
+        res = account(grants, run, sc, step)
+        entry = {**asdict(res), "knob": knob, "calibration_miss_rate": cres.deadline_miss_rate,
+                 "rc_controls": run.controls if mode else 0}
+        entry.update(delay_quantiles(run.delay_hist, mode == "envelope") if mode else base_delay)
+        result["arms"][arm] = entry
+    a = result["arms"]
+
+    def ratio(x, y):
+        return a[x]["usable_spare_sm_s"] / a[y]["usable_spare_sm_s"] if a[y]["usable_spare_sm_s"] > 0 else math.inf
+
+    result["weaver_vs_reactive_usable_ratio"] = ratio("weaver-envelope", "reactive")
+    result["weaver_vs_oracle_usable_ratio"] = ratio("weaver-envelope", "oracle")
+    result["weaver_quota_vs_reactive_usable_ratio"] = ratio("weaver-quota", "reactive")
+    result["envelope_vs_quota_usable_ratio"] = ratio("weaver-envelope", "weaver-quota")
+    cons = {}
+    for mode in ("envelope", "quota"):
+        r = runs["evaluation", mode]
+        cons[mode] = {
+            "served_bytes_rel_error": float(np.abs(r.served_bytes.sum(axis=(0, 1)) - ev.served_bytes.sum(axis=(0, 1))).max()
+                                            / max(ev.served_bytes.sum(), 1.0)),
+            "ran_work_rel_error": abs(r.demand_sum - ev.demand_sum) / ev.demand_sum,
+        }
+    result["conservation"] = cons
+    result["_plot"] = {"demand": runs["evaluation", "envelope"].plot[:, 0].tolist(),
+                       "uncapped": ev.plot[:, 0].tolist(),
+                       "envelope": runs["evaluation", "envelope"].envelopes[:20, 0].tolist(),
+                       "lease": {arm: arms[arm][2][:20, 0].tolist() for arm in arms},
+                       "gpu_sms": sc.sites[0].gpu_sms, "period_slots": sc.period_slots,
+                       "hist": {"uncapped": ev.delay_hist.tolist(),
+                                "envelope": runs["evaluation", "envelope"].delay_hist.tolist(),
+                                "quota": runs["evaluation", "quota"].delay_hist.tolist()}}
+    return result
+
+
+def _sized(run: RunRecord, sc: Scenario, shaping: str | None) -> np.ndarray:
+    """E each period's grant was sized for, replayed from the observations (independent of the guard)."""
+    P, S = run.period_max.shape
+    out = np.zeros((P, S))
+    if not shaping:
+        return out
+    policy = WeaverPolicy(mode=shaping, cost=quota_cost(sc))
+    hist = [SiteHistory() for _ in range(S)]
+    for p in range(P - 1):
+        for s in range(S):
+            d = policy.decide(run.observations[p][s], hist[s])
+            hist[s].record(run.observations[p][s], d)
+            out[p + 1, s] = d.sized_for_sms or 0
+    return out
+
+
+class Progress:
+    def __init__(self, total: int, stream=sys.stderr):
+        self.total, self.done, self.stream, self.t0 = total, 0, stream, time.monotonic()
+
+    def __call__(self, n: int = 1, label: str = "") -> None:
+        self.done += n
+        if self.done % 20 and self.done != self.total:
+            return
+        frac = self.done / self.total
+        bar = "#" * int(30 * frac)
+        self.stream.write(f"\r[{bar:<30}] {100 * frac:5.1f}% {time.monotonic() - self.t0:6.1f}s")
+        if self.done >= self.total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def plan(quick: bool) -> dict[str, tuple[int, dict]]:
+    if quick:
+        return {"gh200-multicell": (120, {}), "heavy-small-gpu": (120, {}), "slow-partition": (120, {}),
+                "scale": (6, {"sites": named.get("scale").sites[:16]})}
+    return {"gh200-multicell": (1500, {}), "heavy-small-gpu": (1500, {}), "slow-partition": (1500, {}),
+            "scale": (40, {})}
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--quick", action="store_true", help="short traces (< 1 min)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--scenarios", nargs="*", default=None, help="subset of scenarios")
+    parser.add_argument("--periods", type=int, default=None, help="periods per run (overrides the plan)")
+    parser.add_argument("--json", default=None, help="write results here")
+    parser.add_argument("--plots", default=None, help="write PNG plots into this directory")
+
+
+def run(args) -> int:
+    step = StepCostModel()
+    todo = plan(args.quick)
+    if args.scenarios:
+        todo = {k: v for k, v in todo.items() if k in args.scenarios}
+    if args.periods:
+        todo = {k: (args.periods, o) for k, (_, o) in todo.items()}
+    progress = Progress(sum(6 * n for n, _ in todo.values()))
+    t0 = time.monotonic()
+    results = {}
+    for name, (n, over) in todo.items():
+        results[name] = run_scenario(name, n, args.seed, step, progress, over)
+    wall = time.monotonic() - t0
+    print(format_table(results))
+    print(f"seed {args.seed}; miss target {TARGET:g} of slots; wall {wall:.1f} s")
+    if args.plots:
+        from testbed.bench.policy_plots import write_plots
+        for path in write_plots(results, args.plots):
+            print(f"plot: {path}")
+    if args.json:
+        clean = {k: {kk: vv for kk, vv in v.items() if kk != "_plot"} for k, v in results.items()}
+        with open(args.json, "w") as f:
+            json.dump({"benchmark": "policies", "seed": args.seed, "quick": args.quick, "target_miss_rate": TARGET,
+                       "wall_s": wall, "step_model": asdict(step), "scenarios": clean}, f, indent=1)
+    return 0
+
+
+def format_table(results: dict) -> str:
+    lines = []
+    for name, r in results.items():
+        ld = r["load"]
+        lines.append(f"\n{name}: {r['sites']} sites x {ld['cells_per_gpu']} cells on {ld['gpu_sms']} SMs; "
+                     f"RAN p99.9 {100 * ld['ran_p999_share']:.0f}% of GPU, mean {100 * ld['ran_mean_share']:.0f}%, "
+                     f"slot CV {ld['slot_cv']:.2f}, PRB util {100 * ld['mean_prb_util']:.0f}%; "
+                     f"partition {r['partition']} ({r['reconfig_s']} s); {r['slots_per_arm']} site-slots per arm")
+        lines.append(f"  {'arm':16} {'knob':>16} {'usable SM*s':>12} {'granted':>10} {'used':>10} {'util':>6} "
+                     f"{'miss rate':>10} {'cal miss':>9} {'BE p99 ms':>9} {'prot p99':>8} {'ctrls':>6}")
+        for arm, a in r["arms"].items():
+            knob = ",".join(f"{k.split('_')[0]}={v}" for k, v in a["knob"].items())
+            lines.append(f"  {arm:16} {knob:>16} {a['usable_spare_sm_s']:12.1f} {a['granted_sm_s']:10.1f} "
+                         f"{a['used_sm_s']:10.1f} {100 * a['utilization']:5.1f}% {a['deadline_miss_rate']:10.2e} "
+                         f"{a['calibration_miss_rate']:9.1e} {a['best_effort_delay_p99_ms']:9.1f} "
+                         f"{a['protected_delay_p99_ms']:8.1f} {a['rc_controls']:6d}")
+        lines.append(f"  weaver/reactive {r['weaver_vs_reactive_usable_ratio']:.2f}x  weaver/oracle "
+                     f"{r['weaver_vs_oracle_usable_ratio']:.2f}x  envelope/quota {r['envelope_vs_quota_usable_ratio']:.2f}x  "
+                     f"conservation (bytes, work) envelope "
+                     f"{r['conservation']['envelope']['served_bytes_rel_error']:.1e}/"
+                     f"{r['conservation']['envelope']['ran_work_rel_error']:.1e}")
+    return "\n".join(lines)

@@ -1,0 +1,298 @@
+"""Grant policies: how much of a site's GPU to lease to training each period, and how to shape the RAN.
+
+Pure and deterministic: numpy only, no I/O, no clock (time arrives in `SiteObservation.now`). The same
+objects run in the xApp's control loop and in `weaver bench policies`.
+
+    decision = policy.decide(obs, history)   # SiteObservation, SiteHistory -> SiteDecision
+    history.record(obs, decision)            # the caller keeps one SiteHistory per site
+
+Policies (architecture.md, Policy; compute-and-training-facts.md section 4.2):
+- `static`   reserve a fixed RAN share (tuned on a calibration trace to the miss target); grant the rest.
+- `reactive` no shaping; grant what the last period left free (its max demand) minus a margin.
+- `weaver`   shape, then grant. Choose the site envelope E (in partition steps) from the tail of the
+             demand the RAN cannot defer (fixed costs + protected slice) and the best-effort work that must
+             still drain inside its delay budget; never a sum of per-cell worst cases. Grant
+             C - E - guard, rounded down to the granularity. E rises at once and falls only after
+             `hold_periods` calm periods (hysteresis: fewer controls, fewer repartitions).
+             Actuation `envelope`: the node's compute-aware MAC keeps demand <= E slot by slot.
+             Actuation `quota`: per-cell best-effort PRB caps (RC Style 2 Action 6) sized so that the site
+             demand stays <= E even when every cell fills its cap in the same slot.
+- `oracle`   (benchmarks) knows the next lease's peak demand, no shaping: grant C - peak.
+The knob each baseline is tuned with is a constructor argument: `reserve_sms`, `margin_sms`, `guard_sms`.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+class PolicyError(ValueError):
+    """A policy was misconfigured or fed an observation it cannot use."""
+
+
+@dataclass(frozen=True)
+class SiteObservation:
+    """What the xApp knows about one site at the end of a period (from KPM; None = not reported).
+
+    Demand figures are SMs per slot over the period: `demand_*` is what the GPU ran (GPU.SmUsed.Mean/Max),
+    `offered_*` what the RAN would have run without the envelope, `nondeferrable_max` the fixed + protected
+    part (a compute-aware node reports these two; otherwise they are None). `be_delay_ms` is the delay the
+    envelope added to best-effort traffic (oldest deferred work served). `be_prb_per_cell` is the
+    best-effort slice's mean PRBs per slot per cell, for quota sizing. `oracle_next_max` is only filled by
+    benchmarks for the oracle."""
+
+    site_id: int | str
+    now: float
+    gpu_sms: int
+    granularity: int
+    period_s: float
+    demand_mean: float | None
+    demand_max: float | None
+    prb_util: tuple[float, ...] = ()
+    fresh: bool = True
+    offered_mean: float | None = None
+    offered_max: float | None = None
+    nondeferrable_max: float | None = None
+    be_delay_ms: float | None = None
+    be_delay_budget_ms: float = 30.0
+    be_prb_per_cell: tuple[float, ...] = ()
+    n_cells: int = 1
+    oracle_next_max: float | None = None
+
+
+@dataclass(frozen=True)
+class CellCap:
+    """Best-effort PRB quota for one cell (percent of its PRBs; RC max ratio); protected slice untouched."""
+
+    cell: int
+    be_max_ratio: int
+
+
+@dataclass(frozen=True)
+class SiteDecision:
+    """`envelope_sms` None = no envelope control; `caps` empty = no quota control (uncapped).
+    `sized_for_sms` is the site demand bound the decision was sized for (E in both weaver modes; the
+    reservation for static), for logs and dashboards."""
+
+    envelope_sms: int | None
+    grant_sms: int
+    caps: tuple[CellCap, ...] = ()
+    reason: str = ""
+    sized_for_sms: int | None = None
+
+
+@dataclass
+class SiteHistory:
+    """The policy's memory for one site: recent observations and decisions (bounded)."""
+
+    maxlen: int = 600
+    observations: deque = field(default_factory=deque)
+    decisions: deque = field(default_factory=deque)
+
+    def record(self, obs: SiteObservation, decision: SiteDecision) -> None:
+        self.observations.append(obs)
+        self.decisions.append(decision)
+        while len(self.observations) > self.maxlen:
+            self.observations.popleft()
+            self.decisions.popleft()
+
+    @property
+    def last(self) -> SiteDecision | None:
+        return self.decisions[-1] if self.decisions else None
+
+    def series(self, name: str, n: int | None = None) -> np.ndarray:
+        """Recent values of one observation field (None dropped), oldest first."""
+        obs = list(self.observations)[-n:] if n else self.observations
+        return np.array([v for o in obs if (v := getattr(o, name)) is not None], dtype=float)
+
+
+class Policy(Protocol):
+    name: str
+
+    def decide(self, obs: SiteObservation, history: SiteHistory) -> SiteDecision: ...
+
+
+def floor_to(x: float, step: int) -> int:
+    return int(step * math.floor(max(x, 0.0) / step + 1e-9))
+
+
+def ceil_to(x: float, step: int) -> int:
+    return int(step * math.ceil(max(x, 0.0) / step - 1e-9))
+
+
+def _no_info(obs: SiteObservation, envelope: int | None = None) -> SiteDecision:
+    # RAN first: a grant never outlives the information it was based on.
+    return SiteDecision(envelope_sms=envelope, grant_sms=0, reason="no fresh measurement: grant revoked")
+
+
+@dataclass(frozen=True)
+class StaticPolicy:
+    """Reserve `reserve_sms` for the RAN for ever (sized from a calibration trace); grant the rest."""
+
+    reserve_sms: int
+    name: str = "static"
+
+    def decide(self, obs: SiteObservation, history: SiteHistory) -> SiteDecision:
+        reserve = ceil_to(self.reserve_sms, obs.granularity)
+        return SiteDecision(None, floor_to(obs.gpu_sms - reserve, obs.granularity),
+                            reason=f"static reservation {reserve} SMs", sized_for_sms=reserve)
+
+    @staticmethod
+    def reservation_for(demand: np.ndarray, granularity: int, target: float) -> int:
+        """Smallest reservation (a multiple of the granularity) whose per-slot exceedance on a calibration
+        trace of per-slot demand is <= target."""
+        d = np.sort(np.asarray(demand, dtype=float).ravel())
+        allowed = int(math.floor(target * len(d)))
+        level = d[len(d) - 1 - allowed] if allowed < len(d) else 0.0
+        return ceil_to(level, granularity)
+
+
+@dataclass(frozen=True)
+class ReactivePolicy:
+    """Grant what the last period left free above its peak, minus `margin_sms`; no shaping."""
+
+    margin_sms: int = 16
+    name: str = "reactive"
+
+    def decide(self, obs: SiteObservation, history: SiteHistory) -> SiteDecision:
+        if not obs.fresh or obs.demand_max is None:
+            return _no_info(obs)
+        grant = floor_to(obs.gpu_sms - obs.demand_max - self.margin_sms, obs.granularity)
+        return SiteDecision(None, grant, reason=f"last peak {obs.demand_max:.1f} + margin {self.margin_sms}")
+
+
+@dataclass(frozen=True)
+class OraclePolicy:
+    """Knows the next lease's peak (benchmarks fill `oracle_next_max`); grants everything above it."""
+
+    name: str = "oracle"
+
+    def decide(self, obs: SiteObservation, history: SiteHistory) -> SiteDecision:
+        if obs.oracle_next_max is None:
+            raise PolicyError("oracle needs obs.oracle_next_max (benchmarks only)")
+        return SiteDecision(None, floor_to(obs.gpu_sms - obs.oracle_next_max, obs.granularity),
+                            reason=f"next peak {obs.oracle_next_max:.1f}")
+
+
+@dataclass(frozen=True)
+class QuotaCost:
+    """What quota sizing needs from the PHY cost model: SMs one best-effort PRB adds at worst (highest
+    MCS and layers) in a DL slot and, through UL decode spill, in the slots after a U slot."""
+
+    dl_sms_per_prb: float = 0.0
+    ul_sms_per_prb: float = 0.0
+    cell_prbs: int = 273
+
+
+@dataclass(frozen=True)
+class WeaverPolicy:
+    """Shape, then grant (module doc). `target` is the per-slot miss probability the envelope must meet.
+
+    E = max(E_tail, E_drain), in partition steps:
+    - E_tail covers the non-deferrable demand: the highest per-period `nondeferrable_max` over the
+      window (a window of >= 1/target slots makes "the max" the empirical (1 - target) quantile of
+      per-slot demand), plus one step while the window is shorter than that;
+    - E_drain lets best-effort drain: the window's high quantile of per-period mean offered demand over
+      `drain_utilisation`, raised by a step at once when the added best-effort delay passes half its
+      budget.
+    Without the node's offered/non-deferrable measurements (a plain node) it falls back to the
+    measured `demand_max`, i.e. it degrades to sizing on observed peaks."""
+
+    mode: str = "envelope"
+    guard_sms: int = 8
+    target: float = 1e-5
+    window_periods: int = 600
+    hold_periods: int = 50
+    drain_utilisation: float = 0.8
+    cost: QuotaCost = QuotaCost()
+    name: str = "weaver"
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("envelope", "quota"):
+            raise PolicyError(f"weaver mode must be envelope or quota, got {self.mode!r}")
+        if self.mode == "quota" and self.cost.dl_sms_per_prb + self.cost.ul_sms_per_prb <= 0:
+            raise PolicyError("weaver quota mode needs a QuotaCost (SMs per best-effort PRB)")
+        if self.guard_sms < 0 or not 0 < self.target < 1:
+            raise PolicyError("guard_sms must be >= 0 and target in (0, 1)")
+
+    def envelope_for(self, obs: SiteObservation, history: SiteHistory) -> tuple[int, str]:
+        g = obs.granularity
+        tail = history.series("nondeferrable_max", self.window_periods)
+        if obs.nondeferrable_max is not None:
+            tail = np.append(tail, obs.nondeferrable_max)
+        if not len(tail):
+            tail = np.append(history.series("demand_max", self.window_periods), obs.demand_max)
+        slots_seen = len(tail) * obs.period_s / 0.0005
+        e_tail = float(tail.max()) + (g if slots_seen * self.target < 1 else 0)
+        mean = history.series("offered_mean", self.window_periods)
+        if obs.offered_mean is not None:
+            mean = np.append(mean, obs.offered_mean)
+        if not len(mean):
+            mean = np.append(history.series("demand_mean", self.window_periods), obs.demand_mean or 0.0)
+        recent = mean[-max(1, int(round(1.0 / obs.period_s))):]  # last second: follows Markov surges
+        e_drain = float(np.quantile(recent, 0.99)) / self.drain_utilisation
+        want = ceil_to(max(e_tail, e_drain), g)
+        why = f"tail {e_tail:.1f} drain {e_drain:.1f}"
+        last = history.last
+        prev = last.sized_for_sms if last is not None else None
+        if obs.be_delay_ms is not None and obs.be_delay_ms > 0.5 * obs.be_delay_budget_ms and prev is not None:
+            want = max(want, prev + g)
+            why += f"; BE delay {obs.be_delay_ms:.1f} ms > half budget"
+        if prev is not None and want < prev:
+            calm = 0
+            for d in reversed(history.decisions):
+                if d.sized_for_sms != prev:
+                    break
+                calm += 1
+            if calm < self.hold_periods:
+                return prev, why + f"; hold {prev} ({calm}/{self.hold_periods} calm)"
+            want = prev - g  # step down one partition step at a time
+        return min(want, obs.gpu_sms), why
+
+    def decide(self, obs: SiteObservation, history: SiteHistory) -> SiteDecision:
+        if not obs.fresh or obs.demand_max is None:
+            return _no_info(obs, envelope=None)
+        env, why = self.envelope_for(obs, history)
+        grant = floor_to(obs.gpu_sms - env - self.guard_sms, obs.granularity)
+        caps: tuple[CellCap, ...] = ()
+        if self.mode == "quota":
+            caps, env = self._caps(obs, env)
+            grant = floor_to(obs.gpu_sms - env - self.guard_sms, obs.granularity)
+            return SiteDecision(None, grant, caps, reason=f"quota for E={env}: {why}", sized_for_sms=env)
+        return SiteDecision(env, grant, caps, reason=f"E={env}: {why}", sized_for_sms=env)
+
+    def _caps(self, obs: SiteObservation, env: int) -> tuple[tuple[CellCap, ...], int]:
+        """Per-cell best-effort caps k (PRBs) with nondeferrable + n_cells * k * (dl + ul) <= E: a sum of
+        per-cell caps is the most a PRB quota can promise, since every cell may fill its cap in one slot.
+        If that leaves best-effort less than its observed load (it would not drain), E grows."""
+        c = self.cost
+        per_prb = c.dl_sms_per_prb + c.ul_sms_per_prb
+        base = obs.nondeferrable_max if obs.nondeferrable_max is not None else 0.0
+        need = max(obs.be_prb_per_cell, default=0.0) / self.drain_utilisation
+        k = (env - base) / (obs.n_cells * per_prb)
+        if k < need:
+            env = min(ceil_to(base + obs.n_cells * need * per_prb, obs.granularity), obs.gpu_sms)
+            k = (env - base) / (obs.n_cells * per_prb)
+        ratio = int(np.clip(math.floor(100 * k / c.cell_prbs), 1, 100))
+        return tuple(CellCap(cell, ratio) for cell in range(obs.n_cells)), env
+
+
+POLICIES = {
+    "static": StaticPolicy,
+    "reactive": ReactivePolicy,
+    "weaver": WeaverPolicy,
+    "oracle": OraclePolicy,
+}
+
+
+def make_policy(name: str, **knobs) -> Policy:
+    """A policy by registry name with its knobs (e.g. make_policy("weaver", mode="quota", guard_sms=8))."""
+    if name not in POLICIES:
+        raise PolicyError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    if name == "static" and "reserve_sms" not in knobs:
+        raise PolicyError("static needs reserve_sms (tune it on a calibration trace)")
+    return POLICIES[name](**knobs)
