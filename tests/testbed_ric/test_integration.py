@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from ricxappframe.xapp_sdl import SDLWrapper
 
 from e2sm import e2ap, kpm, rc
 from testbed.sim import SimConfig, Simulation
@@ -14,9 +15,9 @@ from testbed.sim import SimConfig, Simulation
 from .tiny_xapp import TinyXapp, kpm_action, prb_quota
 
 
-async def _drive(kpm_version: str, rc_table: str) -> None:
+async def _drive(kpm_version: str, rc_table: str, sdl: SDLWrapper | None = None) -> None:
     sim = await Simulation.start(SimConfig(n_sites=1, n_cells=2, kpm_version=kpm_version, rc_table=rc_table,
-                                           speed=0, seed=3))
+                                           speed=0, seed=3), sdl)
     x = await TinyXapp.start(sim.ric.xapp_route_table)
     try:
         node = sim.nodes[0]
@@ -106,5 +107,8 @@ def test_kpm_v3_srsran_node_through_the_mini_ric():
 
 
 @pytest.mark.timeout(120)
-def test_kpm_v2_oai_node_through_the_mini_ric():
-    asyncio.run(_drive("v2.03", "oai"))
+def test_kpm_v2_oai_node_through_the_mini_ric(redis_server, monkeypatch):
+    # This flavour keeps its R-NIB in a real Redis (DBAAS_* as on the platform).
+    monkeypatch.setenv("DBAAS_SERVICE_HOST", redis_server["host"])
+    monkeypatch.setenv("DBAAS_SERVICE_PORT", str(redis_server["port"]))
+    asyncio.run(_drive("v2.03", "oai", SDLWrapper()))
