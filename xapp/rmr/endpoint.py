@@ -169,16 +169,18 @@ class _Link(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.ep._link_lost(self)
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
+        writable, self._writable = self._writable, None
+        if writable is not None and not writable.done():
+            writable.set_result(None)
 
     def pause_writing(self) -> None:
         if self._writable is None or self._writable.done():
             self._writable = asyncio.get_running_loop().create_future()
 
     def resume_writing(self) -> None:
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
+        writable, self._writable = self._writable, None
+        if writable is not None and not writable.done():
+            writable.set_result(None)
 
     # -- writing ------------------------------------------------------------------------------------
 
@@ -205,7 +207,7 @@ class _Link(asyncio.Protocol):
 
     async def drained(self) -> None:
         """Wait while the kernel buffer and asyncio's are full (send back-pressure)."""
-        while self._writable is not None and not self._writable.done() and not self.closed:
+        while self._writable is not None and not self.closed:
             await self._writable
 
     def abort(self) -> None:
@@ -471,8 +473,9 @@ class RmrEndpoint:
             raise RmrSendError(RmrState.SENDFAILED, f"{name}: {exc}") from None
         return link
 
-    async def _send_routed(self, msg: RmrMessage) -> int:
-        targets = self.router.targets(msg.mtype, msg.sub_id, msg.meid)
+    async def _send_routed(self, msg: RmrMessage, targets: list[str] | None = None) -> int:
+        if targets is None:
+            targets = self.router.targets(msg.mtype, msg.sub_id, msg.meid)
         frame = self.encode(msg)
         if len(targets) == 1:
             link = await self._write_to(targets[0], frame)
@@ -505,7 +508,13 @@ class RmrEndpoint:
             raise RmrClosedError("endpoint closed")
         if msg.call or msg.call_id:
             msg = msg.replace(call=False, call_id=0)
-        return await self._send_routed(msg)
+        targets = self.router.targets(msg.mtype, msg.sub_id, msg.meid)
+        if len(targets) == 1:  # the hot path: an open connection, nothing to wait for
+            link = self._dialled.get(targets[0])
+            if link is not None and not link.closed and link._writable is None:
+                link.write(encode_frame(msg, self._src_b, self._srcip_b))
+                return 1
+        return await self._send_routed(msg, targets)
 
     async def wormhole_send(self, target: str, msg: RmrMessage) -> None:
         """Send straight to `host:port`, bypassing the route table (rmr_wh_open + rmr_wh_send_msg)."""

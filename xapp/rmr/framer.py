@@ -39,22 +39,38 @@ NEED_DATA = _NeedData()
 _HEADER = struct.Struct(">I c 41x iii 32s 32x 64s 32s 4x 16x I iiiii 64s")
 _LE32 = struct.Struct("<I")
 # Decoding: header from frame byte 50, fixed offsets (C ignores len0 for these).
-_DECODE = struct.Struct(">iii 32s 32x 64s 32s 4x 16x 4x iiiii 64s")
-_FLAGS_AT = TRANSPORT_LEN + 192
+_DECODE = struct.Struct(">iii 32s 32x 64s 32s 4x 16x I iiiii 64s")  # flags read BE: test _CALL_FLAG_BE
 _CALL_FLAG_BE = 0x04000000  # le32(0x04) read as BE
 
 
+# A connection carries few distinct src/srcip/meid values: decode each once (bounded, so garbage from a
+# peer cannot grow it without limit).
+_TEXT_CACHE: dict[bytes, str] = {}
+_MEID_CACHE: dict[bytes, str] = {}
+_CACHE_MAX = 4096
+
+
 def _cstr(raw: bytes) -> str:
-    # Addresses and meids are ASCII up to the first NUL; never fail on a peer's garbage.
-    return raw.split(b"\0", 1)[0].decode("ascii", "replace")
+    # Addresses are ASCII up to the first NUL; never fail on a peer's garbage.
+    text = _TEXT_CACHE.get(raw)
+    if text is None:
+        text = raw.split(b"\0", 1)[0].decode("ascii", "replace")
+        if len(_TEXT_CACHE) >= _CACHE_MAX:
+            _TEXT_CACHE.clear()
+        _TEXT_CACHE[raw] = text
+    return text
 
 
 def _meid(raw: bytes) -> str:
     # Keep the RmrMessage invariant (<= 31 ASCII chars) whatever a peer sent, so an rts never fails on it.
-    raw = raw.split(b"\0", 1)[0][:31]
-    if raw.isascii():
-        return raw.decode("ascii")
-    return bytes(b if b < 128 else 63 for b in raw).decode("ascii")
+    text = _MEID_CACHE.get(raw)
+    if text is None:
+        cut = raw.split(b"\0", 1)[0][:31]
+        text = cut.decode("ascii") if cut.isascii() else bytes(b if b < 128 else 63 for b in cut).decode("ascii")
+        if len(_MEID_CACHE) >= _CACHE_MAX:
+            _MEID_CACHE.clear()
+        _MEID_CACHE[raw] = text
+    return text
 
 
 def check_address(addr: str, what: str) -> bytes:
@@ -151,7 +167,7 @@ class RmrFramer:
             raise self._fail(f"frame length {length} exceeds max_frame {self.max_frame}")
         if avail < length:
             return NEED_DATA
-        (mtype, plen, _ver, xid, src, meid, len0, len1, len2, len3, sub_id, srcip) = _DECODE.unpack_from(
+        (mtype, plen, _ver, xid, src, meid, flags_be, len0, len1, len2, len3, sub_id, srcip) = _DECODE.unpack_from(
             buf, off + TRANSPORT_LEN)
         if len0 < HDR_V3_LEN or len1 < 0 or len2 < 0 or len3 < 0:
             raise self._fail(f"bad header lengths len0={len0} len1={len1} len2={len2} len3={len3}")
@@ -160,7 +176,6 @@ class RmrFramer:
             raise self._fail(f"header lengths end at {poff}, past the frame length {length}")
         if plen < 0:
             raise self._fail(f"negative payload length {plen}")
-        (flags,) = _LE32.unpack_from(buf, off + _FLAGS_AT)
         base = off + TRANSPORT_LEN + len0
         trace = bytes(buf[base: base + len1]) if len1 else b""
         call_id = buf[base + len1] if len2 else 0
@@ -171,7 +186,7 @@ class RmrFramer:
         self._off = off + length
         self.frames += 1
         return new_message(mtype, payload, sub_id, _meid(meid), xid, _cstr(src), _cstr(srcip), trace,
-                           call_id, bool(flags & FLAG_CALL), truncated, via)
+                           call_id, bool(flags_be & _CALL_FLAG_BE), truncated, via)
 
 
 assert _HEADER.size == TRANSPORT_LEN - 4 + HDR_V3_LEN, _HEADER.size

@@ -249,6 +249,7 @@ class Router:
         self.table: RouteTable | None = None
         self.meid_map: Mapping[str, str] = MappingProxyType({})
         self._cursors: dict[tuple[int, int, int], int] = {}
+        self._fixed: dict[tuple[int, int], list[str]] = {}  # lookups with no round-robin: answer cached
         self._updates = RouteParser(self.self_names)  # persistent: route-manager records span messages
 
     @property
@@ -284,9 +285,14 @@ class Router:
     def _swap(self, table: RouteTable | None) -> None:
         self.table = table
         self._cursors.clear()
+        self._fixed.clear()
 
     def targets(self, mtype: int, sub_id: int = -1, meid: str = "") -> list[str]:
-        """One endpoint name per group; raises `RmrSendError(NOENDPT)` when there is none."""
+        """One endpoint name per group; raises `RmrSendError(NOENDPT)` when there is none.
+        The list returned is shared: do not modify it."""
+        fixed = self._fixed.get((mtype, sub_id))
+        if fixed is not None:
+            return fixed
         table = self.table
         if table is None:
             raise RmrSendError(RmrState.NOENDPT, "no route table committed yet (RMR_SEED_RT?)")
@@ -300,6 +306,10 @@ class Router:
             return [owner]
         if not entry.groups:
             raise RmrSendError(RmrState.NOENDPT, f"mtype {mtype} sub_id {sub_id}: every endpoint is this process")
+        if all(len(g) == 1 for g in entry.groups):
+            out = [g[0] for g in entry.groups]
+            self._fixed[(mtype, sub_id)] = out
+            return out
         out = []
         for gi, group in enumerate(entry.groups):
             if len(group) == 1:
