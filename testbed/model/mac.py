@@ -86,7 +86,7 @@ class FifoBacklog:
 @dataclass(frozen=True)
 class FifoResult:
     per_cell: np.ndarray  # (T, C) work served per cell per slot
-    delay_slots: np.ndarray  # (T,) age (slots) of the work leaving in each slot (its FIFO head)
+    delay_slots: np.ndarray  # (T,) age (slots) of the oldest work leaving in each slot
     backlog: FifoBacklog
 
 
@@ -111,7 +111,9 @@ def fifo_serve(backlog: FifoBacklog, start_slot: int, arrivals: np.ndarray, serv
     for c in range(C):
         dep_cells[:, c] = np.interp(tau, idx, cum_cells[:, c])
     per_cell = np.maximum(np.diff(np.vstack([np.zeros((1, C)), dep_cells]), axis=0), 0.0)
-    head = np.minimum(np.floor(tau).astype(int), len(slots) - 1)
+    # Delay of the oldest work leaving in each slot: the FIFO head at the start of the slot.
+    tau_start = np.concatenate([[0.0], tau[:-1]])
+    head = np.minimum(np.floor(tau_start + 1e-12).astype(int), len(slots) - 1)
     delay = np.where(served > 0, (start_slot + np.arange(T)) - slots[head], 0)
     # Remaining backlog: the unserved part of chunk floor(tau_T) and everything after it.
     k = min(int(np.floor(tau[-1])), len(slots))

@@ -44,7 +44,7 @@ def tdd_layout(tdd: str) -> tuple[np.ndarray, np.ndarray]:
 class PeriodReport:
     """What one period produced. Per site (S,), per cell (S, C), per slice (S, C, L); L = (protected,
     best-effort). PRB figures are mean PRBs per slot of that direction; bytes are totals served in the
-    period. Ground truth (`demand`, `offered`) is per slot, shape (T, S), in SMs."""
+    period. Ground truth (`demand`, `offered`, `nondeferrable`) is per slot, shape (T, S), in SMs."""
 
     start_slot: int
     n_slots: int
@@ -75,6 +75,7 @@ class PeriodReport:
     slice_delay_ms: np.ndarray  # mean MAC queueing delay (Little's law) in the period
     demand: np.ndarray
     offered: np.ndarray
+    nondeferrable: np.ndarray  # (T, S) fixed + protected SMs per slot
 
     @property
     def prb_util_dl(self) -> np.ndarray:
@@ -229,7 +230,7 @@ class RanModel:
             slice_queue_bytes=self.q_dl + self.q_ul,
             slice_delay_ms=np.where(arrivals_per_slot > 0, queue_mean / np.maximum(arrivals_per_slot, 1e-12), 0.0)
             * SLOT_S * 1e3,
-            demand=demand, offered=offered,
+            demand=demand, offered=offered, nondeferrable=nondef,
         )
 
     def _compute_stage(self, s, start, E, nondef, is_u, is_dl, be_dl, be_ul, head_dl, head_ul):
@@ -238,10 +239,13 @@ class RanModel:
         cu, cd = self.cost.ul, self.cost.dl
         T = len(nondef)
         room = np.maximum(E - nondef, 0.0) if np.isfinite(E) else np.full(T, np.inf)
-        # UL: a U slot's work w adds w/1250 x (1, 1, 0.5) SMs to the next three slots.
+        # UL: a U slot's work w adds w/1250 x (1, 1, 0.5) SMs to the next three slots. Where the windows
+        # of consecutive U slots overlap, each gets the room in proportion to its weight there.
         ul_cap = np.zeros(T)
         u = np.flatnonzero(is_u)
-        ul_cap[u] = cu.budget_us * np.minimum.reduce([room[u + 1], room[u + 2], 2 * room[u + 3]])
+        weight = ul_spill(is_u.astype(float))
+        per_weight = np.where(weight > 0, room / np.maximum(weight, 1e-12), np.inf)
+        ul_cap[u] = cu.budget_us * np.minimum.reduce([per_weight[u + 1], per_weight[u + 2], per_weight[u + 3]])
         w_ul = be_ul.sum(axis=1)
         ul_cap = np.where(is_u, np.minimum(ul_cap, w_ul + head_ul.sum(axis=1)), 0.0)
         b0 = self.backlog_ul[s].total

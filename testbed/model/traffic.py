@@ -194,6 +194,9 @@ def _mean_layers(max_layers: int, pool) -> float:
     return float(np.sum(np.minimum(values, max_layers) * p))
 
 
+MAX_TRACE_S = 7 * 24 * 3600.0  # a week
+
+
 class TraceFormatError(ValueError):
     """A recorded trace file the loader refuses; the message names the line and the problem."""
 
@@ -209,50 +212,67 @@ class CsvTrace:
         self.scenario = scenario
         self._mcs = SyntheticTrace(scenario, seed)
         S, C = scenario.n_sites, scenario.n_cells
-        rows: list[tuple[int, int, int, float]] = []
-        unit = None
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            fields = set(reader.fieldnames or ())
-            if not {"time_s", "cell"} <= fields or not ({"prb", "bytes"} & fields):
-                raise TraceFormatError(f"{path}: header must have time_s, cell and prb or bytes, got {sorted(fields)}")
-            unit = "prb" if "prb" in fields else "bytes"
-            for n, row in enumerate(reader, start=2):
-                try:
-                    t = float(row["time_s"])
-                    cell_s = row["cell"].strip()
-                    if "/" in cell_s:
-                        site, cell = (int(x) for x in cell_s.split("/"))
-                    else:
-                        site, cell = divmod(int(cell_s), C)
-                    value = float(row[unit])
-                    direction = (row.get("dir") or "dl").strip().lower()
-                except (TypeError, ValueError) as exc:
-                    raise TraceFormatError(f"{path}:{n}: {exc}") from None
-                if not (t >= 0 and np.isfinite(t) and value >= 0 and np.isfinite(value)):
-                    raise TraceFormatError(f"{path}:{n}: time_s and {unit} must be finite and >= 0")
-                if not (0 <= site < S and 0 <= cell < C):
-                    raise TraceFormatError(f"{path}:{n}: cell {cell_s} outside {S} sites x {C} cells")
-                if direction not in ("dl", "ul"):
-                    raise TraceFormatError(f"{path}:{n}: dir {direction!r} is not dl or ul")
-                rows.append((int(t / SLOT_S), site * C + cell, 0 if direction == "dl" else 1, value))
+        try:
+            with open(path, newline="", encoding="utf-8") as f:
+                rows, unit = self._parse(csv.DictReader(f), path, S, C)
+        except (UnicodeDecodeError, csv.Error) as exc:
+            raise TraceFormatError(f"{path}: not a CSV text file ({exc})") from None
         if not rows:
             raise TraceFormatError(f"{path}: no rows")
         self.unit = unit
-        self.n_slots = max(r[0] for r in rows) + 1
-        self.load = np.zeros((2, self.n_slots, S * C))
-        for slot, cell, d, value in rows:
-            self.load[d, slot, cell] += value
+        rows.sort()
+        self.n_slots = rows[-1][0] + 1
+        # Sparse rows (a long quiet trace costs nothing): slot, flat cell, direction, value.
+        self._slot = np.array([r[0] for r in rows], dtype=np.int64)
+        self._cell = np.array([r[1] for r in rows], dtype=np.int64)
+        self._dir = np.array([r[2] for r in rows], dtype=np.int64)
+        self._value = np.array([r[3] for r in rows])
+
+    @staticmethod
+    def _parse(reader, path, S: int, C: int) -> tuple[list, str]:
+        rows: list[tuple[int, int, int, float]] = []
+        fields = set(reader.fieldnames or ())
+        if not {"time_s", "cell"} <= fields or not ({"prb", "bytes"} & fields):
+            raise TraceFormatError(f"{path}: header must have time_s, cell and prb or bytes, got {sorted(fields)}")
+        unit = "prb" if "prb" in fields else "bytes"
+        for n, row in enumerate(reader, start=2):
+            try:
+                t = float(row["time_s"])
+                cell_s = row["cell"].strip()
+                if "/" in cell_s:
+                    site, cell = (int(x) for x in cell_s.split("/"))
+                else:
+                    site, cell = divmod(int(cell_s), C)
+                value = float(row[unit])
+                direction = (row.get("dir") or "dl").strip().lower()
+            except (TypeError, ValueError) as exc:
+                raise TraceFormatError(f"{path}:{n}: {exc}") from None
+            if not (0 <= t <= MAX_TRACE_S and value >= 0 and np.isfinite(value)):
+                raise TraceFormatError(f"{path}:{n}: time_s must be in 0..{MAX_TRACE_S} and {unit} finite >= 0")
+            if not (0 <= site < S and 0 <= cell < C):
+                raise TraceFormatError(f"{path}:{n}: cell {cell_s} outside {S} sites x {C} cells")
+            if direction not in ("dl", "ul"):
+                raise TraceFormatError(f"{path}:{n}: dir {direction!r} is not dl or ul")
+            rows.append((int(t / SLOT_S), site * C + cell, 0 if direction == "dl" else 1, value))
+        return rows, unit
 
     def arrivals(self, start_slot: int, n_slots: int) -> Arrivals:
         sc = self.scenario
         S, C = sc.n_sites, sc.n_cells
         drawn = self._mcs.arrivals(start_slot, n_slots)  # for MCS/layers (keeps their correlation model)
-        idx = (start_slot + np.arange(n_slots)) % self.n_slots
+        load = np.zeros((2, n_slots, S * C))
+        t = start_slot
+        while t < start_slot + n_slots:  # walk the (repeating) trace in pieces that do not wrap
+            a = t % self.n_slots
+            span = min(self.n_slots - a, start_slot + n_slots - t)
+            lo, hi = np.searchsorted(self._slot, [a, a + span])
+            np.add.at(load, (self._dir[lo:hi], self._slot[lo:hi] - a + (t - start_slot), self._cell[lo:hi]),
+                      self._value[lo:hi])
+            t += span
         out = []
         for d, bpp in ((0, drawn.bpp_dl), (1, drawn.bpp_ul)):
-            load = self.load[d, idx].reshape(n_slots, S, C)
+            x = load[d].reshape(n_slots, S, C)
             if self.unit == "prb":
-                load = load * bpp
-            out.append(load[..., None] * self._mcs.shares[None, :, None, :])
+                x = x * bpp
+            out.append(x[..., None] * self._mcs.shares[None, :, None, :])
         return Arrivals(dl=out[0], ul=out[1], bpp_dl=drawn.bpp_dl, bpp_ul=drawn.bpp_ul, level=drawn.level)
