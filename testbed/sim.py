@@ -33,7 +33,7 @@ from ricxappframe.xapp_sdl import SDLWrapper
 from testbed.e2node.config import KPM_VERSIONS, RC_TABLES, node_configs
 from testbed.e2node.measure import from_period_report
 from testbed.e2node.shell import NodeShell
-from testbed.model import RanModel, Scenario, SiteConfig
+from testbed.model import SLOT_S, CellConfig, RanModel, Scenario, SiteConfig
 from testbed.ric.mini import MiniRic
 
 log = logging.getLogger("weaver.sim")
@@ -51,7 +51,8 @@ def ntp64(unix_s: float) -> int:
 class SimConfig:
     n_sites: int = 2
     n_cells: int = 4
-    scenario: str | None = None  # a named testbed.model scenario instead of n_sites x n_cells
+    scenario: str | None = None  # a named testbed.scenarios scenario instead of n_sites x n_cells
+    period_ms: float | None = None  # reporting/control period (default: the scenario's, 100 ms)
     seed: int = 0
     host: str = "127.0.0.1"
     e2term_port: int = 0
@@ -67,17 +68,15 @@ class SimConfig:
 
 
 def build_scenario(cfg: SimConfig) -> Scenario:
+    """The named scenario (testbed.scenarios) or `n_sites` default sites of `n_cells` cells."""
+    overrides = {} if cfg.period_ms is None else {"period_slots": int(round(cfg.period_ms / 1000 / SLOT_S))}
     if cfg.scenario:
-        from testbed import model
+        from testbed import scenarios
 
-        named = getattr(model, "scenario", None) or getattr(model, "get_scenario", None)
-        if named is None:
-            raise SystemExit("weaver sim: named scenarios are not available in testbed.model")
-        return named(cfg.scenario)
-    from testbed.model.config import CellConfig
-
+        return scenarios.get(cfg.scenario, **overrides)
     return Scenario("sim", f"{cfg.n_sites} sites x {cfg.n_cells} cells (weaver sim default)",
-                    sites=tuple(SiteConfig(i, cells=(CellConfig(),) * cfg.n_cells) for i in range(cfg.n_sites)))
+                    sites=tuple(SiteConfig(i, cells=(CellConfig(),) * cfg.n_cells) for i in range(cfg.n_sites)),
+                    **overrides)
 
 
 class Simulation:
@@ -114,7 +113,7 @@ class Simulation:
     @property
     def now_s(self) -> float:
         """Virtual time: seconds of simulated RAN since slot 0."""
-        return self.model.slot * 0.0005
+        return self.model.slot * SLOT_S
 
     def endpoints(self) -> dict[str, str]:
         return {
@@ -164,7 +163,10 @@ class Simulation:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sites", type=int, default=2, help="number of sites (one E2 node each)")
     parser.add_argument("--cells", type=int, default=4, help="cells per site")
-    parser.add_argument("--scenario", default=None, help="named scenario of testbed.model (overrides --sites/--cells)")
+    parser.add_argument("--scenario", default=None,
+                        help="named scenario of testbed.scenarios, e.g. demo, gh200-multicell (overrides --sites/--cells)")
+    parser.add_argument("--period-ms", type=float, default=None,
+                        help="reporting period (a multiple of the TDD pattern: 2.5 ms for DDDSU); default 100")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--host", default="127.0.0.1", help="address every endpoint binds to and advertises")
     parser.add_argument("--e2term-port", type=int, default=38000, help="E2 termination RMR port (0: any free)")
@@ -193,11 +195,16 @@ def _sdl_from(args) -> SDLWrapper:
 
 async def _main(args) -> int:
     route_dir = args.route_dir or tempfile.mkdtemp(prefix="weaver-sim-")
-    cfg = SimConfig(n_sites=args.sites, n_cells=args.cells, scenario=args.scenario, seed=args.seed, host=args.host,
+    cfg = SimConfig(n_sites=args.sites, n_cells=args.cells, scenario=args.scenario, period_ms=args.period_ms,
+                    seed=args.seed, host=args.host,
                     e2term_port=args.e2term_port, submgr_http_port=args.submgr_port,
                     submgr_rmr_port=args.submgr_rmr_port, xapps=tuple(args.xapp), kpm_version=args.kpm,
                     rc_table=args.rc_table, route_dir=route_dir, speed=args.speed)
-    sim = await Simulation.start(cfg, _sdl_from(args))
+    try:
+        sim = await Simulation.start(cfg, _sdl_from(args))
+    except ValueError as exc:  # ModelConfigError / NodeConfigError: a bad scenario or node setting
+        print(f"weaver sim: {exc}", file=sys.stderr)
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -218,6 +218,9 @@ class SubscriptionManager:
         for detail in sub.params.details:
             inst = await self._subscribe_detail(sub, detail)
             sub.instances[detail.xapp_event_instance_id] = inst
+            if not sub.sub_ids and self._by_digest.get(sub.digest) == sub.subscription_id:
+                # Nothing is live: a re-POST must try the E2 node again, not replay this failure.
+                del self._by_digest[sub.digest]
             await self._notify_one(sub, inst)
 
     async def _subscribe_detail(self, sub: RestSubscription, detail: SubscriptionDetail) -> SubscriptionInstance:
