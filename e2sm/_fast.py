@@ -1,4 +1,4 @@
-"""Hand-written APER reader for the hot E2AP message, RICindication (X.691 aligned PER, E2AP v2 IEs).
+"""Hand-written APER reader and writer for the hot E2AP message, RICindication (X.691 aligned PER, v2 IEs).
 
 Every E2 node sends one RICindication per subscription per reporting period, so `decode_e2ap` reads them
 here without pycrate (and without pycrate's lock). The reader accepts exactly the canonical encoding of the
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from e2sm.e2ap import RicIndication, RicRequestId
 
-__all__ = ["Unsupported", "decode_ric_indication"]
+__all__ = ["Unsupported", "decode_ric_indication", "encode_ric_indication"]
 
 
 class Unsupported(Exception):
@@ -115,3 +115,38 @@ def _decode(data: bytes) -> RicIndication:  # noqa: C901 - one straight pass ove
         raise Unsupported("trailing bytes or a mandatory IE missing")
     return RicIndication(request_id, function_id, action_id, header, message, sn=sn, indication_type=ind_type,
                          call_process_id=call_process_id)
+
+
+# ---- encoder -------------------------------------------------------------------------------------------
+def _put_length(n: int) -> bytes:
+    """Unconstrained length determinant for n < 16384 (longer fields need fragments: reference path)."""
+    if n < 0x80:
+        return bytes((n,))
+    if n < 0x4000:
+        return bytes((0x80 | n >> 8, n & 0xFF))
+    raise Unsupported("fragmented length")
+
+
+def _ie(ie_id: int, value: bytes) -> bytes:
+    # id (2 octets), criticality reject (+ pad), open type length, value
+    return bytes((ie_id >> 8, ie_id & 0xFF, 0x00)) + _put_length(len(value)) + value
+
+
+def encode_ric_indication(msg: RicIndication) -> bytes:
+    """The APER bytes pycrate writes for `msg` (the dataclass has validated every range), or Unsupported
+    when a field needs length fragments (>= 16 kB), which the pycrate path handles."""
+    r = msg.request_id
+    ies = [
+        _ie(_REQUEST_ID, bytes((0, r.requestor >> 8, r.requestor & 0xFF, r.instance >> 8, r.instance & 0xFF))),
+        _ie(_FUNCTION_ID, msg.ran_function_id.to_bytes(2, "big")),
+        _ie(_ACTION_ID, bytes((msg.action_id,))),
+    ]
+    if msg.sn is not None:
+        ies.append(_ie(_SN, msg.sn.to_bytes(2, "big")))
+    ies.append(_ie(_TYPE, b"\x00" if msg.indication_type == "report" else b"\x40"))
+    ies.append(_ie(_HEADER, _put_length(len(msg.header)) + msg.header))
+    ies.append(_ie(_MESSAGE, _put_length(len(msg.message)) + msg.message))
+    if msg.call_process_id is not None:
+        ies.append(_ie(_CALL_PROCESS_ID, _put_length(len(msg.call_process_id)) + msg.call_process_id))
+    body = b"\x00" + len(ies).to_bytes(2, "big") + b"".join(ies)
+    return b"\x00\x05\x40" + _put_length(len(body)) + body

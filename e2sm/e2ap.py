@@ -32,7 +32,7 @@ __all__ = [
     "RicSubscriptionDeleteResponse", "RicSubscriptionDeleteFailure", "RicIndication", "RicControlRequest",
     "RicControlAcknowledge", "RicControlFailure", "GlobalE2NodeId", "RanFunctionItem", "E2NodeComponentConfig",
     "E2NodeComponentAck", "E2SetupRequest", "E2SetupResponse", "E2SetupFailure", "ErrorIndication",
-    "E2apMessage", "encode_e2ap", "decode_e2ap", "decode_e2ap_reference", "decode_json", "encode_json",
+    "E2apMessage", "encode_e2ap", "encode_e2ap_reference", "decode_e2ap", "decode_e2ap_reference", "decode_json", "encode_json",
     "plmn_to_bytes", "plmn_from_bytes",
 ]
 
@@ -910,7 +910,22 @@ def _aper_encode(value: Any) -> bytes:
 # ---------------------------------------------------------------------------------------------------
 # public API
 def encode_e2ap(msg: E2apMessage) -> bytes:
-    """APER-encode a typed E2AP message; raises E2EncodeError for values the wire cannot carry."""
+    """APER-encode a typed E2AP message; raises E2EncodeError for values the wire cannot carry.
+
+    RICindications are written by `e2sm._fast` (the bytes pycrate writes, without pycrate) unless a field
+    needs length fragments (>= 16 kB)."""
+    if type(msg) is RicIndication:
+        from e2sm import _fast  # local import: _fast builds this module's dataclasses
+
+        try:
+            return _fast.encode_ric_indication(msg)
+        except _fast.Unsupported:
+            pass
+    return _aper_encode(_to_value(msg))
+
+
+def encode_e2ap_reference(msg: E2apMessage) -> bytes:
+    """Encode through pycrate only (the reference path, also for RICindication)."""
     return _aper_encode(_to_value(msg))
 
 
