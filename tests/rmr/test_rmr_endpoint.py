@@ -261,3 +261,33 @@ def test_fan_out_reports_partial_success(run):
         await b.close()
         return n
     assert run(body()) == 1
+
+
+def test_concurrent_receivers_each_get_one_message(run):
+    async def body():
+        a, b = await endpoint(), await endpoint()
+        a.load_route_table(f"newrt|start\nrte|5|{b.src}\nnewrt|end\n")
+        receivers = [asyncio.ensure_future(b.receive(10)) for _ in range(5)]
+        short = asyncio.ensure_future(b.receive(0.01))  # times out and must not swallow a wake-up
+        with pytest.raises(TimeoutError):
+            await short
+        for i in range(5):
+            await a.send(RmrMessage(5, b"%d" % i))
+        got = sorted([(await r).payload for r in receivers])
+        await a.close()
+        await b.close()
+        return got
+    assert run(body()) == [b"0", b"1", b"2", b"3", b"4"]
+
+
+def test_close_flushes_queued_frames(run):
+    async def body():
+        a, b = await endpoint(), await endpoint()
+        a.load_route_table(f"newrt|start\nrte|6|{b.src}\nnewrt|end\n")
+        for i in range(100):
+            await a.send(RmrMessage(6, i.to_bytes(4, "big") * 10_000))
+        await a.close()  # right away: what send() accepted still goes out
+        got = [int.from_bytes((await b.receive(10)).payload[:4], "big") for _ in range(100)]
+        await b.close()
+        return got
+    assert run(body(), timeout=60) == list(range(100))

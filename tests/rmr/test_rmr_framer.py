@@ -207,3 +207,14 @@ def test_fuzz_mutated_frames(msg, edits, chunk, how):
     for m in feed_all(bytes(frame), chunk):
         assert len(m.xaction) == 32 and len(m.meid) <= 31
         m.replace(payload=b"reply")  # every delivered message can be answered
+
+
+def test_multi_megabyte_frame_in_small_reads():
+    payload = os.urandom(6 << 20)
+    frame = encode_frame(RmrMessage(2, payload), SRC, SRCIP) + encode_frame(RmrMessage(3, b"next"), SRC, SRCIP)
+    f = RmrFramer()
+    got = []
+    for i in range(0, len(frame), 65536):
+        f.receive_data(frame[i:i + 65536])
+        got += drain(f)
+    assert [m.mtype for m in got] == [2, 3] and got[0].payload == payload and f.buffered == 0

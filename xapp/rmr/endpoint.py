@@ -128,6 +128,7 @@ class _Link(asyncio.Protocol):
         self._out_bytes = 0
         self._flush_pending = False
         self._writable: asyncio.Future | None = None
+        self.gone: asyncio.Future = asyncio.get_running_loop().create_future()  # set by connection_lost
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------
 
@@ -169,6 +170,8 @@ class _Link(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.ep._link_lost(self)
+        if not self.gone.done():
+            self.gone.set_result(None)
         writable, self._writable = self._writable, None
         if writable is not None and not writable.done():
             writable.set_result(None)
@@ -244,7 +247,7 @@ class RmrEndpoint:
         self._dialling: dict[str, asyncio.Future] = {}
         self._backoff: dict[str, _Backoff] = {}
         self._inbox: collections.deque[RmrMessage] = collections.deque()
-        self._inbox_waiter: asyncio.Future | None = None
+        self._inbox_waiters: collections.deque[asyncio.Future] = collections.deque()
         self._inbox_paused = False
         self._calls: dict[int, tuple[bytes, asyncio.Future]] = {}
         self._next_call_id = 2
@@ -368,9 +371,8 @@ class RmrEndpoint:
 
     def _enqueue(self, msg: RmrMessage) -> None:
         self._inbox.append(msg)
-        w = self._inbox_waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+        if self._inbox_waiters:
+            self._wake_one()
         if len(self._inbox) >= self.queue_size and not self._inbox_paused:
             self._inbox_paused = True
             for link in self._links:
@@ -383,16 +385,39 @@ class RmrEndpoint:
         except RmrSendError as exc:
             log.info("rmr: health check reply to %s failed: %s", msg.src, exc)
 
+    def _wake_one(self) -> None:
+        while self._inbox_waiters:
+            w = self._inbox_waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+                return
+
     async def receive(self, timeout: float | None = None) -> RmrMessage:
-        """The next message. Raises `TimeoutError` after `timeout` seconds, `RmrClosedError` once closed."""
-        while not self._inbox:
-            if self._closed:
-                raise RmrClosedError("endpoint closed")
-            self._inbox_waiter = asyncio.get_running_loop().create_future()
-            try:
-                await asyncio.wait_for(self._inbox_waiter, timeout)
-            finally:
-                self._inbox_waiter = None
+        """The next message. Raises `TimeoutError` after `timeout` seconds, `RmrClosedError` once closed.
+        Several tasks may wait at once; each message goes to exactly one of them."""
+        if not self._inbox:
+            loop = asyncio.get_running_loop()
+            deadline = None if timeout is None else loop.time() + timeout
+            while not self._inbox:
+                if self._closed:
+                    raise RmrClosedError("endpoint closed")
+                w = loop.create_future()
+                self._inbox_waiters.append(w)
+                try:
+                    if deadline is None:
+                        await w
+                    else:
+                        left = deadline - loop.time()
+                        if left <= 0:
+                            raise TimeoutError(f"no message within {timeout}s")
+                        await asyncio.wait_for(w, left)
+                finally:
+                    try:
+                        self._inbox_waiters.remove(w)
+                    except ValueError:
+                        pass
+                    if self._inbox and self._inbox_waiters:  # we may have been woken, then cancelled
+                        self._wake_one()
         msg = self._inbox.popleft()
         if self._inbox_paused and len(self._inbox) <= self.queue_size // 2:
             self._inbox_paused = False
@@ -591,8 +616,9 @@ class RmrEndpoint:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def close(self) -> None:
-        """Stop listening, flush and close every connection, fail waiting calls and receivers."""
+    async def close(self, linger: float = 2.0) -> None:
+        """Stop listening, flush and close every connection (waiting up to `linger` seconds for queued
+        frames to leave, then aborting), fail waiting calls and wake receivers with `RmrClosedError`."""
         if self._closed:
             return
         self._closed = True
@@ -600,17 +626,23 @@ class RmrEndpoint:
             self._server.close()
         for task in list(self._tasks):
             task.cancel()
-        for link in list(self._links):
+        links = list(self._links)
+        for link in links:
             link.flush()
             if link.transport is not None:
                 link.transport.close()
         for _, fut in self._calls.values():
             if not fut.done():
                 fut.set_exception(RmrClosedError("endpoint closed"))
-        if self._inbox_waiter is not None and not self._inbox_waiter.done():
-            self._inbox_waiter.set_result(None)
+        while self._inbox_waiters:
+            self._wake_one()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        gone = [link.gone for link in links if not link.gone.done()]
+        if gone:
+            await asyncio.wait(gone, timeout=linger)
+        for link in links:
+            if not link.gone.done():
+                link.abort()  # the peer stopped reading: do not hang on it
         if self._server is not None:
             await self._server.wait_closed()
-        await asyncio.sleep(0)  # let transports run connection_lost

@@ -120,27 +120,34 @@ class RmrFramer:
         if max_frame < MIN_FRAME:
             raise ValueError(f"max_frame must be at least {MIN_FRAME}")
         self.max_frame = min(max_frame, INT32_MAX)
-        self._buf = bytearray()
-        self._off = 0  # read offset: consumed bytes are dropped in bulk, never one frame at a time
+        # Unconsumed input is _buf[_off:] followed by _parts. Slicing immutable bytes copies a payload once
+        # (a bytearray would copy twice); a frame longer than what is buffered collects its chunks in
+        # _parts and joins them once, so a 64 MiB frame in 64 KiB reads stays linear, not quadratic.
+        self._buf = b""
+        self._off = 0
+        self._parts: list[bytes] = []
+        self._parts_len = 0
+        self._need = 0  # length of the frame _parts are collected for (0: not collecting)
         self.error: RmrFrameError | None = None
         self.frames = 0
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet handed out as a message."""
-        return len(self._buf) - self._off
+        return len(self._buf) - self._off + self._parts_len
 
     def receive_data(self, data: bytes) -> None:
         if self.error is not None:
             raise self.error
-        buf = self._buf
-        if self._off and self._off == len(buf):
-            buf.clear()
+        if self._need:
+            self._parts.append(bytes(data))
+            self._parts_len += len(data)
+        elif self._off >= len(self._buf):
+            self._buf = bytes(data)  # the common case: everything before was consumed, no copy
             self._off = 0
-        elif self._off > 65536 and self._off * 2 > len(buf):
-            del buf[: self._off]
+        else:
+            self._buf = self._buf[self._off:] + data  # a partial frame (< one read) plus the new chunk
             self._off = 0
-        buf += data
 
     def encode(self, msg: RmrMessage, src: str, srcip: str) -> bytes:
         return encode_frame(msg, check_address(src, "src"), check_address(srcip, "srcip"))
@@ -153,6 +160,11 @@ class RmrFramer:
         """The next whole message, or `NEED_DATA`. Raises `RmrFrameError` (and stays broken) on a bad frame."""
         if self.error is not None:
             raise self.error
+        if self._need:
+            if self.buffered < self._need:
+                return NEED_DATA
+            self._buf = b"".join([self._buf[self._off:], *self._parts])
+            self._off, self._parts, self._parts_len, self._need = 0, [], 0, 0
         buf = self._buf
         off = self._off
         avail = len(buf) - off
@@ -166,6 +178,7 @@ class RmrFramer:
         if length > self.max_frame:
             raise self._fail(f"frame length {length} exceeds max_frame {self.max_frame}")
         if avail < length:
+            self._need = length
             return NEED_DATA
         (mtype, plen, _ver, xid, src, meid, flags_be, len0, len1, len2, len3, sub_id, srcip) = _DECODE.unpack_from(
             buf, off + TRANSPORT_LEN)
@@ -177,12 +190,12 @@ class RmrFramer:
         if plen < 0:
             raise self._fail(f"negative payload length {plen}")
         base = off + TRANSPORT_LEN + len0
-        trace = bytes(buf[base: base + len1]) if len1 else b""
+        trace = buf[base: base + len1] if len1 else b""
         call_id = buf[base + len1] if len2 else 0
         truncated = poff + plen > length
         if truncated:
             plen = length - poff  # deliver only in-frame bytes, never read past L (§6, P6)
-        payload = bytes(buf[off + poff: off + poff + plen])
+        payload = buf[off + poff: off + poff + plen]
         self._off = off + length
         self.frames += 1
         return new_message(mtype, payload, sub_id, _meid(meid), xid, _cstr(src), _cstr(srcip), trace,
