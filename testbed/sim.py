@@ -21,11 +21,12 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ricxappframe.xapp_sdl import SDLWrapper
@@ -33,7 +34,7 @@ from ricxappframe.xapp_sdl import SDLWrapper
 from testbed.e2node.config import KPM_VERSIONS, RC_TABLES, node_configs
 from testbed.e2node.measure import from_period_report
 from testbed.e2node.shell import NodeShell
-from testbed.model import SLOT_S, CellConfig, RanModel, Scenario, SiteConfig
+from testbed.model import SLOT_S, CellConfig, RanModel, RealTimeClock, Scenario, SiteConfig
 from testbed.ric.mini import MiniRic
 
 log = logging.getLogger("weaver.sim")
@@ -137,15 +138,18 @@ class Simulation:
         await asyncio.sleep(0)  # let controls and subscriptions in before the next period
         return report
 
-    async def run(self, stop: asyncio.Event, max_periods: int | None = None) -> None:
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
+    async def run(self, stop: asyncio.Event, max_periods: int | None = None, clock: RealTimeClock | None = None) -> None:
+        """Step until `stop` is set. With `speed` > 0 each period starts when `clock` (default a
+        `RealTimeClock(speed)` started now) reaches it; with speed 0 periods run back to back."""
+        if clock is None and self.cfg.speed > 0:
+            clock = RealTimeClock(speed=self.cfg.speed)
+        first = self.model.slot
         n = 0
         while not stop.is_set() and (max_periods is None or n < max_periods):
             await self.step()
             n += 1
-            if self.cfg.speed > 0:
-                wait = t0 + n * self.period_s / self.cfg.speed - loop.time()
+            if clock is not None:
+                wait = clock.seconds_until_slot(self.model.slot - first)
                 if wait > 0:
                     try:
                         await asyncio.wait_for(stop.wait(), wait)
@@ -176,6 +180,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an xApp RMR endpoint to route control ACK/FAILURE and error indications to")
     parser.add_argument("--kpm", choices=KPM_VERSIONS, default="v3.00", help="KPM version of every node")
     parser.add_argument("--rc-table", choices=RC_TABLES, default="srsran", help="RC parameter-ID table")
+    parser.add_argument("--node", action="append", default=[], metavar="SITE:kpm=v2.03,rc=oai",
+                        help="per-node override of the KPM version and/or RC table (repeatable)")
     parser.add_argument("--speed", type=float, default=1.0, help="x real time; 0 = as fast as possible")
     parser.add_argument("--route-dir", default=None, help="where to write xapp.rt (default: a temp dir)")
     parser.add_argument("--redis", default=None, metavar="HOST:PORT",
@@ -193,16 +199,44 @@ def _sdl_from(args) -> SDLWrapper:
     return SDLWrapper(use_fake_sdl=True)
 
 
+def parse_node_overrides(specs: list[str]) -> dict[int, dict]:
+    """`["1:kpm=v2.03,rc=oai"]` -> {1: {"kpm_version": "v2.03", "rc_table": "oai"}}; ValueError if malformed."""
+    keys = {"kpm": "kpm_version", "rc": "rc_table"}
+    out: dict[int, dict] = {}
+    for spec in specs:
+        site, sep, rest = spec.partition(":")
+        if not sep or not site.isdigit():
+            raise ValueError(f"--node {spec!r}: expected SITE:kpm=...,rc=...")
+        fields = out.setdefault(int(site), {})
+        for item in filter(None, rest.split(",")):
+            k, eq, v = item.partition("=")
+            if not eq or k not in keys:
+                raise ValueError(f"--node {spec!r}: unknown setting {item!r} (kpm=..., rc=...)")
+            fields[keys[k]] = v
+    return out
+
+
 async def _main(args) -> int:
+    own_dir = args.route_dir is None
     route_dir = args.route_dir or tempfile.mkdtemp(prefix="weaver-sim-")
+    try:
+        return await _serve(args, route_dir)
+    finally:
+        if own_dir:
+            shutil.rmtree(route_dir, ignore_errors=True)
+
+
+async def _serve(args, route_dir: str) -> int:
     cfg = SimConfig(n_sites=args.sites, n_cells=args.cells, scenario=args.scenario, period_ms=args.period_ms,
                     seed=args.seed, host=args.host,
                     e2term_port=args.e2term_port, submgr_http_port=args.submgr_port,
                     submgr_rmr_port=args.submgr_rmr_port, xapps=tuple(args.xapp), kpm_version=args.kpm,
                     rc_table=args.rc_table, route_dir=route_dir, speed=args.speed)
     try:
+        overrides = parse_node_overrides(args.node)
+        cfg = replace(cfg, node_overrides=overrides)
         sim = await Simulation.start(cfg, _sdl_from(args))
-    except ValueError as exc:  # ModelConfigError / NodeConfigError: a bad scenario or node setting
+    except (ValueError, TypeError) as exc:  # ModelConfigError / NodeConfigError: a bad scenario or node setting
         print(f"weaver sim: {exc}", file=sys.stderr)
         return 2
     stop = asyncio.Event()
