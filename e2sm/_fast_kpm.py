@@ -1,4 +1,4 @@
-"""Hand-written APER readers for the hot E2SM-KPM payloads: indication header format 1 and indication
+"""Hand-written APER readers (and writers) for the hot E2SM-KPM payloads: indication header format 1 and indication
 message format 1 (v02.03 and v03.00 modules; X.691 aligned PER, X.690 REAL contents).
 
 They return the same `e2sm.kpm` dataclasses as the asn1tools reference path, for exactly the encodings
@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from asn1tools.codecs import ber as _ber
+
 from e2sm import _asn1
 from e2sm._fast import Unsupported
 from e2sm.kpm import (
@@ -29,7 +31,8 @@ from e2sm.kpm import (
     Snssai,
 )
 
-__all__ = ["Unsupported", "decode_indication_header", "decode_indication_message"]
+__all__ = ["Unsupported", "decode_indication_header", "decode_indication_message", "encode_indication_header",
+           "encode_indication_message"]
 
 _PRINTABLE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 '()+,-./:=?")
 _NO_LABEL = MeasLabel()
@@ -352,3 +355,158 @@ def _message_f1(records: tuple, meas_info: tuple | None, period: int | None, inc
 
 
 _F1_UNCHECKED = tuple(f.name for f in dataclasses.fields(IndicationMessageFormat1)) == _F1_FIELDS
+
+
+# ---- writers -------------------------------------------------------------------------------------------
+class _Bits:
+    """Aligned-PER bit writer: whole octets go to `out`, the last partial octet waits in `cur`."""
+
+    __slots__ = ("out", "cur", "n")
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.cur = 0
+        self.n = 0
+
+    def put(self, value: int, nbits: int) -> None:
+        cur = (self.cur << nbits) | value
+        n = self.n + nbits
+        out = self.out
+        while n >= 8:
+            n -= 8
+            out.append((cur >> n) & 0xFF)
+        self.cur = cur & ((1 << n) - 1)
+        self.n = n
+
+    def align(self) -> None:
+        if self.n:
+            self.out.append((self.cur << (8 - self.n)) & 0xFF)
+            self.cur = self.n = 0
+
+    def octets(self, data: bytes) -> None:
+        """Append octets at an octet boundary (callers align first)."""
+        self.out += data
+
+    def length(self, n: int) -> None:
+        """Aligned general length determinant, without fragments."""
+        self.align()
+        if n < 0x80:
+            self.out.append(n)
+        elif n < 0x4000:
+            self.out += bytes((0x80 | n >> 8, n & 0xFF))
+        else:
+            raise Unsupported("fragmented length")
+
+    def getvalue(self) -> bytes:
+        self.align()
+        return bytes(self.out)
+
+
+def _octets_for(value: int) -> int:
+    return max(1, (value.bit_length() + 7) >> 3)
+
+
+def encode_indication_header(header: KpmIndicationHeader, version: KpmVersion) -> bytes:
+    """The bytes asn1tools writes for `header` (already validated and judged plausible by e2sm.kpm)."""
+    strings = (header.file_format_version, header.sender_name, header.sender_type, header.vendor_name)
+    w = _Bits()
+    present = 0
+    for s in strings:
+        present = (present << 1) | (s is not None)
+    w.put(present, 8 - 1)                                   # 3 extension bits (0) + 4 presence bits, then pad
+    w.align()
+    try:
+        w.octets(header.collect_start_time.to_bytes(version.timestamp_octets, "big"))
+    except OverflowError:
+        raise Unsupported("TimeStamp size") from None
+    for s, len_bits in zip(strings, (4, 0, 4, 6), strict=True):
+        if s is None:
+            continue
+        w.put(0, 1)                                         # size-extension bit
+        if len_bits:
+            w.put(len(s), len_bits)
+        else:
+            w.align()
+            w.octets(len(s).to_bytes(2, "big"))
+        if s:
+            w.align()
+            w.octets(s.encode("ascii"))
+    return w.getvalue()
+
+
+def _put_record_item(w: _Bits, x: int | float | None) -> None:
+    if x is None:
+        w.put(0b010, 3)                                     # noValue: NULL carries no bits
+    elif type(x) is int:
+        k = _octets_for(x)
+        w.put(k - 1, 5)                                     # ext 0, index 00, octet count - 1
+        w.align()
+        w.octets(x.to_bytes(k, "big"))
+    else:
+        if x != x or x in (float("inf"), float("-inf")):
+            raise Unsupported("non-finite REAL")
+        w.put(0b001, 3)
+        contents = _ber.encode_real(x)                      # the same function asn1tools uses
+        w.length(len(contents))
+        w.octets(bytes(contents))
+
+
+def _put_meas_info(w: _Bits, info: MeasInfo) -> None:
+    name = info.name
+    if type(name) is int:
+        w.put(0b0010, 4)                                    # item ext, type ext, measID, value ext
+        w.align()
+        w.octets((name - 1).to_bytes(2, "big"))
+    else:
+        w.put(0, 4)                                         # item ext, type ext, measName, size ext
+        w.put(len(name) - 1, 8)
+        w.align()
+        w.octets(name.encode("ascii"))
+    w.length(len(info.labels))
+    for label in info.labels:
+        if label.other:
+            raise Unsupported("label components other than noLabel/sliceID")
+        if label.snssai is None:
+            w.put(_ONLY_NO_LABEL << 1, 24)                  # 23 bits + the noLabel extension bit
+        else:
+            sd = label.snssai.sd
+            w.put(_ONLY_SLICE_ID, 23)
+            w.put((sd is not None) << 8 | label.snssai.sst, 10)   # S-NSSAI ext, sD present, sST octet
+            if sd is not None:
+                w.align()
+                w.octets(sd.to_bytes(3, "big"))
+
+
+def encode_indication_message(message: IndicationMessageFormat1, version: KpmVersion) -> bytes:
+    """The bytes asn1tools writes for a validated format-1 message, or Unsupported (other formats, label
+    kinds Weaver does not model, sizes that need length fragments)."""
+    if type(message) is not IndicationMessageFormat1:
+        raise Unsupported("not format 1")
+    records, info, period = message.records, message.meas_info, message.granul_period_ms
+    if not 0 < len(records) <= 65535 or (info is not None and not 0 < len(info) <= 65535):
+        raise Unsupported("list size")
+    w = _Bits()
+    # ext, ext, format 1, ext, measInfoList?, granulPeriod?
+    w.put(((info is not None) << 1) | (period is not None), 6)
+    w.align()
+    w.octets((len(records) - 1).to_bytes(2, "big"))
+    incomplete = set(message.incomplete)
+    for r, record in enumerate(records):
+        flagged = r in incomplete
+        w.put(flagged, 2)                                   # ext, incompleteFlag present
+        w.length(len(record))
+        for x in record:
+            _put_record_item(w, x)
+        if flagged:
+            w.put(0, 1)                                     # ENUMERATED {true, ...}: extension bit
+    if info is not None:
+        w.align()
+        w.octets((len(info) - 1).to_bytes(2, "big"))
+        for item in info:
+            _put_meas_info(w, item)
+    if period is not None:
+        k = _octets_for(period - 1)
+        w.put(k - 1, 2)
+        w.align()
+        w.octets((period - 1).to_bytes(k, "big"))
+    return w.getvalue()
