@@ -21,7 +21,11 @@ from pathlib import Path
 class LighthouseConfig:
     port: int = 0                    # 0 = pick a free port
     min_replicas: int = 1
-    join_timeout_ms: int = 200       # how long a quorum waits for heartbeating stragglers
+    # How long a quorum waits for heartbeating stragglers, from the first request. Must exceed one
+    # round: a site left out of a quorum stays queued, and a shorter timeout would let it and the
+    # first member to arrive form a quorum without the others. Dead sites are not waited for:
+    # they stop heartbeating and are dropped after heartbeat_timeout_ms.
+    join_timeout_ms: int = 1500
     heartbeat_timeout_ms: int = 400  # keep below the round length: a dead site costs < 1 round
     quorum_tick_ms: int = 20
 
@@ -100,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m agent.crosssite.lighthouse")
     ap.add_argument("--port", type=int, default=29510)
     ap.add_argument("--min-replicas", type=int, default=1)
-    ap.add_argument("--join-timeout-ms", type=int, default=100)
+    ap.add_argument("--join-timeout-ms", type=int, default=1500)
     ap.add_argument("--heartbeat-timeout-ms", type=int, default=400)
     args = ap.parse_args(argv)
     lh = Lighthouse(LighthouseConfig(port=args.port, min_replicas=args.min_replicas,

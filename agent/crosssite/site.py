@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-seed", type=int, default=0)
     ap.add_argument("--compression", default="none", choices=("none", "bf16"))
     ap.add_argument("--eval-samples", type=int, default=64)
+    ap.add_argument("--timeout-s", type=float, default=10.0, help="collectives / should_commit timeout")
     ap.add_argument("--log", required=True)
     args = ap.parse_args(argv)
 
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     duty = DutyCycle(tuple(float(x) for x in args.duty.split(",")))
     config = TierConfig(lighthouse_addr=args.lighthouse, site_id=args.site_id, round_ms=args.round_ms,
                         round_epoch_ms=args.round_epoch_ms, heartbeat_timeout_ms=args.heartbeat_timeout_ms,
-                        compression=args.compression)
+                        compression=args.compression, timeout_s=args.timeout_s)
     log = open(args.log, "a", buffering=1)   # line-buffered: a SIGKILL loses at most the current round
 
     def emit(kind: str, **fields) -> None:

@@ -56,9 +56,10 @@ class TierConfig:
     heartbeat_timeout_ms: int = 400    # enforced by the Lighthouse; here it sizes the heartbeat interval
     compression: str = "none"          # wide-area wire format: none | bf16 (SUM all-reduce)
     # The tail of each round is the transfer window: local work stops this much before the
-    # boundary, the all-reduces run inside it, and every site opens the next quorum at the boundary
+    # boundary, the all-reduces run inside it, and every member opens the next quorum at the boundary
     # itself. Opening quorums together matters: the Lighthouse issues a "fast quorum" as soon as the
     # previous members are back, so a site asking a few ms late would be left out for a round.
+    # The Lighthouse's join timeout must exceed one round (see docs/crosssite.md).
     transfer_window_fraction: float = 0.15
     min_work_fraction: float = 0.3     # a round whose quorum returns later than this gives up its work
     timeout_s: float = 10.0            # collectives and should_commit
@@ -181,6 +182,7 @@ class CrossSiteTier:
         self.wan_feedback = ErrorFeedback(config.compression)
         self.wire_bytes = wire_bytes(self.global_flat.numel(), config.compression)
         self._healed = False
+        self._last_round: int | None = None
         self.manager = None
         self._store = None
         if self.reducer.leader:
@@ -225,7 +227,12 @@ class CrossSiteTier:
         """One full round; returns its record (also passed to `on_round`)."""
         c, red = self.config, self.reducer
         t_idle = self.clock()
-        self.sleep(max(0.0, c.boundary(c.next_round(t_idle)) - t_idle))
+        k_next = c.next_round(t_idle)
+        # Members of the last round ask for the next quorum at its boundary, all together. A site
+        # that was not in it (new, restarted, or left out) asks at once, so that it is already
+        # waiting at the Lighthouse when the members arrive: their "fast quorum" then takes it in.
+        if self._last_round == k_next - 1:
+            self.sleep(max(0.0, c.boundary(k_next) - t_idle))
         t0 = self.clock()
         self._healed = False
         head = torch.zeros(4, dtype=torch.float64)   # round, deadline, participants, step
@@ -286,6 +293,7 @@ class CrossSiteTier:
             red.rollback()
         self.ledger.settle(site_tokens, stats.tokens, committed)
         self._reset_local()
+        self._last_round = k
         t_end = self.clock()
 
         rec = RoundRecord(
