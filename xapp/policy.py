@@ -83,6 +83,7 @@ class SiteDecision:
     caps: tuple[CellCap, ...] = ()
     reason: str = ""
     sized_for_sms: int | None = None
+    wanted_sms: int | None = None  # what E would be without hysteresis (weaver), for the hold count
 
 
 @dataclass
@@ -219,7 +220,8 @@ class WeaverPolicy:
         if self.guard_sms < 0 or not 0 < self.target < 1:
             raise PolicyError("guard_sms must be >= 0 and target in (0, 1)")
 
-    def envelope_for(self, obs: SiteObservation, history: SiteHistory) -> tuple[int, str]:
+    def envelope_for(self, obs: SiteObservation, history: SiteHistory) -> tuple[int, int, str]:
+        """(E to use, E wanted before hysteresis, why)."""
         g = obs.granularity
         tail = history.series("nondeferrable_max", self.window_periods)
         if obs.nondeferrable_max is not None:
@@ -243,36 +245,40 @@ class WeaverPolicy:
             want = max(want, prev + g)
             why += f"; BE delay {obs.be_delay_ms:.1f} ms > half budget"
         if prev is not None and want < prev:
-            calm = 0
+            calm = 1  # this period, plus the trailing run of periods that also wanted less than prev
             for d in reversed(history.decisions):
-                if d.sized_for_sms != prev:
+                if d.sized_for_sms != prev or d.wanted_sms is None or d.wanted_sms >= prev:
                     break
                 calm += 1
             if calm < self.hold_periods:
-                return prev, why + f"; hold {prev} ({calm}/{self.hold_periods} calm)"
-            want = prev - g  # step down one partition step at a time
-        return min(want, obs.gpu_sms), why
+                return prev, want, why + f"; hold {prev} ({calm}/{self.hold_periods} calm)"
+            return prev - g, want, why + "; one step down"  # one partition step at a time
+        return min(want, obs.gpu_sms), want, why
 
     def decide(self, obs: SiteObservation, history: SiteHistory) -> SiteDecision:
         if not obs.fresh or obs.demand_max is None:
             return _no_info(obs, envelope=None)
-        env, why = self.envelope_for(obs, history)
-        grant = floor_to(obs.gpu_sms - env - self.guard_sms, obs.granularity)
-        caps: tuple[CellCap, ...] = ()
+        env, wanted, why = self.envelope_for(obs, history)
         if self.mode == "quota":
-            caps, env = self._caps(obs, env)
+            caps, env = self._caps(obs, history, env)
             grant = floor_to(obs.gpu_sms - env - self.guard_sms, obs.granularity)
-            return SiteDecision(None, grant, caps, reason=f"quota for E={env}: {why}", sized_for_sms=env)
-        return SiteDecision(env, grant, caps, reason=f"E={env}: {why}", sized_for_sms=env)
+            return SiteDecision(None, grant, caps, reason=f"quota for E={env}: {why}", sized_for_sms=env,
+                                wanted_sms=wanted)
+        grant = floor_to(obs.gpu_sms - env - self.guard_sms, obs.granularity)
+        return SiteDecision(env, grant, reason=f"E={env}: {why}", sized_for_sms=env, wanted_sms=wanted)
 
-    def _caps(self, obs: SiteObservation, env: int) -> tuple[tuple[CellCap, ...], int]:
+    def _caps(self, obs: SiteObservation, history: SiteHistory, env: int) -> tuple[tuple[CellCap, ...], int]:
         """Per-cell best-effort caps k (PRBs) with nondeferrable + n_cells * k * (dl + ul) <= E: a sum of
         per-cell caps is the most a PRB quota can promise, since every cell may fill its cap in one slot.
         If that leaves best-effort less than its observed load (it would not drain), E grows."""
         c = self.cost
         per_prb = c.dl_sms_per_prb + c.ul_sms_per_prb
-        base = obs.nondeferrable_max if obs.nondeferrable_max is not None else 0.0
-        need = max(obs.be_prb_per_cell, default=0.0) / self.drain_utilisation
+        # The window's tail (not this period's value) so that caps stay put while E does: fewer controls.
+        tail = np.append(history.series("nondeferrable_max", self.window_periods), obs.nondeferrable_max or 0.0)
+        base = float(tail.max())
+        recent = [o.be_prb_per_cell for o in list(history.observations)[-max(1, int(round(1.0 / obs.period_s))):]]
+        loads = [max(x, default=0.0) for x in recent + [obs.be_prb_per_cell]]
+        need = float(np.quantile(loads, 0.9)) / self.drain_utilisation
         k = (env - base) / (obs.n_cells * per_prb)
         if k < need:
             env = min(ceil_to(base + obs.n_cells * need * per_prb, obs.granularity), obs.gpu_sms)

@@ -134,7 +134,13 @@ class SyntheticTrace:
                 self.mean_dl[s, c] = cell.load * cell.prbs * bpp_dl * f_dl
                 self.mean_ul[s, c] = cell.load * cell.ul_load_ratio * cell.prbs * bpp_ul * f_ul
         self.shares = np.array([[sl.load_share for sl in site.slices] for site in scenario.sites])  # (S, L)
-        self.protected = np.array([[sl.protected for sl in site.slices] for site in scenario.sites])
+        loads = np.array([[c.load for c in site.cells] for site in scenario.sites])
+        self.p_slope = 0.45 * loads / 0.25  # best-effort busy-slot probability = 0.1 + slope * lambda, (S, C)
+        self.mcs_mean = np.array([[[c.mcs_mean for c in site.cells], [max(c.mcs_mean - 3, 0) for c in site.cells]]
+                                  for site in scenario.sites])  # (S, 2, C): UL 3 MCS steps lower
+        self.max_layers = np.array([[[c.dl_layers for c in site.cells], [c.ul_layers for c in site.cells]]
+                                    for site in scenario.sites])
+        self.layer_cdf = [np.cumsum(DL_LAYERS[1])[:-1], np.cumsum(UL_LAYERS[1])[:-1]]
 
     def level(self, start_slot: int) -> np.ndarray:
         """lambda_s at a slot (diurnal x scale x current Markov state), shape (S,)."""
@@ -152,35 +158,32 @@ class SyntheticTrace:
 
     def arrivals(self, start_slot: int, n_slots: int) -> Arrivals:
         sc = self.scenario
-        S, C, L, T = sc.n_sites, sc.n_cells, 2, n_slots
+        S, C, T = sc.n_sites, sc.n_cells, n_slots
         lam = self.level(start_slot)
-        dl = np.empty((T, S, C, L))
-        ul = np.empty((T, S, C, L))
+        dl = np.empty((T, S, C, 2))
+        ul = np.empty((T, S, C, 2))
         bpp_dl = np.empty((T, S, C))
         bpp_ul = np.empty((T, S, C))
         n_blocks = -(-T // MCS_BLOCK)
-        for s, (site, rng) in enumerate(zip(sc.sites, self.rngs, strict=True)):
-            for d, (mean, out) in enumerate(((self.mean_dl[s], dl), (self.mean_ul[s], ul))):
+        for s, rng in enumerate(self.rngs):
+            # One draw per kind for the whole site and period (index 0 = DL, 1 = UL): few, large calls.
+            u = rng.random((4, T, C))
+            burst = np.exp(rng.standard_normal((2, T, C)) * BURST_SIGMA - BURST_SIGMA ** 2 / 2)
+            small = rng.standard_exponential((2, T, C))
+            mcs_noise = rng.standard_normal((2, n_blocks, C))
+            layer_u = rng.random((2, n_blocks, C))
+            p_act = 0.1 + self.p_slope[s] * lam[s]
+            np.clip(p_act, 0.05, 0.9, out=p_act)
+            for d, (mean, out, bpp_out) in enumerate(((self.mean_dl[s], dl, bpp_dl), (self.mean_ul[s], ul, bpp_ul))):
                 m = mean * lam[s]  # (C,) bytes per slot, all slices
-                for sl in range(L):
-                    ms = m * self.shares[s, sl]
-                    if self.protected[s, sl]:
-                        active = rng.random((T, C)) < PROTECTED_ACTIVE
-                        size = rng.exponential(1.0, (T, C)) * (ms / PROTECTED_ACTIVE)
-                    else:
-                        p_act = np.clip(0.1 + 0.45 * lam[s] * np.array([c.load for c in site.cells]) / 0.25,
-                                        0.05, 0.9)
-                        active = rng.random((T, C)) < p_act
-                        size = rng.lognormal(-BURST_SIGMA ** 2 / 2, BURST_SIGMA, (T, C)) * (ms / p_act)
-                    out[:, s, :, sl] = np.where(active, size, 0.0)
-                mcs_off = 0.0 if d == 0 else -3.0
-                mcs = np.array([c.mcs_mean for c in site.cells]) + mcs_off + rng.normal(0, 3, (n_blocks, C))
-                mcs = np.clip(np.rint(mcs), 0, 27).astype(int)
-                max_layers = np.array([c.dl_layers if d == 0 else c.ul_layers for c in site.cells])
-                pool, p = (DL_LAYERS if d == 0 else UL_LAYERS)
-                layers = np.minimum(rng.choice(pool, size=(n_blocks, C), p=p), max_layers)
-                bpp = N_RE * SPECTRAL_EFFICIENCY[mcs] * layers / 8
-                (bpp_dl if d == 0 else bpp_ul)[:, s, :] = np.repeat(bpp, MCS_BLOCK, axis=0)[:T]
+                mp, mb = m * self.shares[s, 0], m * self.shares[s, 1]
+                out[:, s, :, 0] = np.where(u[d] < PROTECTED_ACTIVE, small[d] * (mp / PROTECTED_ACTIVE), 0.0)
+                out[:, s, :, 1] = np.where(u[2 + d] < p_act, burst[d] * (mb / p_act), 0.0)
+                mcs = np.clip(np.rint(self.mcs_mean[s, d] + 3.0 * mcs_noise[d]), 0, 27).astype(np.intp)
+                pool, cdf = (DL_LAYERS if d == 0 else UL_LAYERS)[0], self.layer_cdf[d]
+                layers = np.minimum(pool[np.searchsorted(cdf, layer_u[d])], self.max_layers[s, d])
+                bpp = (N_RE / 8) * SPECTRAL_EFFICIENCY[mcs] * layers
+                bpp_out[:, s, :] = np.repeat(bpp, MCS_BLOCK, axis=0)[:T]
         self._step_markov(n_slots)
         return Arrivals(dl=dl, ul=ul, bpp_dl=bpp_dl, bpp_ul=bpp_ul, level=lam)
 

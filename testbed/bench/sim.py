@@ -1,0 +1,65 @@
+"""`weaver bench sim`: simulated time per wall-clock second of the RAN model (3 sites x 4 cells).
+
+The baseline is real time: a ratio of 1.0 means the model just keeps up with the radio. Rows vary the
+period (slots advanced per numpy call) and the envelope (compute-aware stage on/off); the target is
+>= 200x real time (400,000 slots of 3 sites x 4 cells per wall second) on one core.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from testbed import scenarios
+from testbed.model import SLOT_S, RanModel
+
+
+def measure(scenario_name: str, period_slots: int, envelope: float | None, sim_seconds: float, seed: int) -> dict:
+    sc = scenarios.get(scenario_name, period_slots=period_slots)
+    model = RanModel(sc, seed)
+    for s in range(sc.n_sites):
+        model.set_envelope(s, envelope)
+    model.step_period()  # warm-up (first-call allocations)
+    n = max(1, int(round(sim_seconds / (period_slots * SLOT_S))))
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    for _ in range(n):
+        model.step_period()
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    slots = n * period_slots
+    return {"scenario": scenario_name, "sites": sc.n_sites, "cells_per_site": sc.n_cells,
+            "period_slots": period_slots, "envelope_sms": envelope, "slots": slots,
+            "simulated_s": slots * SLOT_S, "wall_s": wall, "cpu_s": cpu, "slots_per_s": slots / wall,
+            "realtime_factor": slots * SLOT_S / wall, "realtime_factor_cpu": slots * SLOT_S / cpu}
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--scenario", default="demo", help="named scenario (default: 3 sites x 4 cells)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="simulated seconds per row")
+    parser.add_argument("--periods", type=int, nargs="*", default=[200, 2000], help="slots per step_period call")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", default=None)
+
+
+def run(args) -> int:
+    rows = []
+    for period in args.periods:
+        for envelope in (None, 24.0):
+            rows.append(measure(args.scenario, period, envelope, args.seconds, args.seed))
+    print(f"{'period':>7} {'envelope':>9} {'slots':>9} {'wall s':>8} {'slots/s':>10} {'x real time':>12} "
+          f"{'x (cpu time)':>13}")
+    for r in rows:
+        env = "-" if r["envelope_sms"] is None else f"{r['envelope_sms']:.0f}"
+        print(f"{r['period_slots']:7d} {env:>9} {r['slots']:9d} {r['wall_s']:8.2f} {r['slots_per_s']:10.0f} "
+              f"{r['realtime_factor']:11.1f}x {r['realtime_factor_cpu']:12.1f}x")
+    best = max(rows, key=lambda r: r["realtime_factor"])
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    print(f"baseline: real time (1.0x); target >= 200x; best {best['realtime_factor']:.1f}x "
+          f"(period {best['period_slots']}); seed {args.seed}; load average {load}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"benchmark": "sim", "seed": args.seed, "target_realtime_factor": 200,
+                       "load_average_1m": load, "rows": rows,
+                       "best_realtime_factor": best["realtime_factor"]}, f, indent=1)
+    return 0
