@@ -69,6 +69,50 @@ def _decode_fragbytes(cla: Any, char: Any, ldet: int, bits: bool = False) -> tup
 
 _PER.decode_fragbytes = classmethod(_decode_fragbytes)
 
+
+def _decode_unconst_open(cla: Any, char: Any, wrapped: Any = None) -> Any:
+    """pycrate 0.8.1 `ASN1CodecPER.decode_unconst_open`, made strict: the value inside an open type (every
+    E2AP IE value, every extension addition) must fill exactly the octets its length determinant announces.
+
+    The original stops wherever the inner value ends and reads the rest of the open type as the next field,
+    so `00 05 00 03 00 02 ff` (RANfunctionID 2 plus one stray octet) was parsed on into the following IE,
+    whereas asn1c and Weaver's fast reader see a malformed IE. Decoding garbage differently from other
+    stacks is how two parties end up disagreeing about one message; here it is an error instead.
+    """
+    if cla.ALIGNED and cla._off[-1] % 8:
+        cla.decode_pad(char)
+    ldet = cla.decode_count(char)
+    if ldet in (65536, 49152, 32768, 16384):
+        buf, ldet = cla.decode_fragbytes(char, ldet)
+        if wrapped is None:
+            return buf
+        inner = _Charpy(buf)
+        wrapped.from_aper(inner) if cla.ALIGNED else wrapped.from_uper(inner)
+        if inner.len_bit():
+            raise _PER_ERR(f"{wrapped._name}: {inner.len_bit() // 8} octets left unread in its open type")
+        return wrapped._val
+    if wrapped is None:
+        if cla.ALIGNED:
+            cla._off[-1] += 8 * ldet
+        return char.get_bytes(8 * ldet)
+    limit, start = char._len_bit, char._cur
+    end = start + 8 * ldet
+    if end > limit:
+        raise _PER_ERR("length determinant too long")
+    char._len_bit = end
+    try:
+        wrapped.from_aper(char) if cla.ALIGNED else wrapped.from_uper(char)
+    finally:
+        char._len_bit = limit
+    if char._cur != end:
+        raise _PER_ERR(f"{wrapped._name}: {(end - char._cur) // 8} octets left unread in its open type")
+    if cla.ALIGNED:
+        cla._off[-1] += end - start
+    return wrapped._val
+
+
+_PER.decode_unconst_open = classmethod(_decode_unconst_open)
+
 CRITICALITIES = ("reject", "ignore", "notify")
 CAUSE_GROUPS = {
     name: tuple(obj._cont.keys()) for name, obj in _E2AP.E2AP_IEs.Cause._cont.items()

@@ -250,3 +250,14 @@ def test_plmn_tbcd():
     assert e2ap.plmn_from_bytes(e2ap.plmn_to_bytes("310410")) == "310410"
     with pytest.raises(E2DecodeError):
         e2ap.plmn_from_bytes(bytes.fromhex("0af110"))
+
+
+def test_stray_octets_inside_an_ie_are_refused_not_read_as_the_next_ie():
+    raw = bytearray(encode_e2ap(RicSubscriptionDeleteRequest(RicRequestId(1, 2), 2)))
+    i = raw.index(bytes.fromhex("000500020002"))          # RANfunctionID IE: id 5, reject, length 2, value 2
+    mutated = raw[:i] + bytes.fromhex("00050003000200") + raw[i + 6:]
+    mutated[3] += 1                                          # the outer open type grows by the stray octet
+    with pytest.raises(E2DecodeError, match="left unread"):
+        decode_e2ap(bytes(mutated))
+    with pytest.raises(E2DecodeError, match="left unread"):
+        e2ap.decode_json(bytes(mutated))
