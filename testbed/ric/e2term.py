@@ -148,7 +148,7 @@ class E2Termination:
         elif t in (RIC_SUB_RESP, RIC_SUB_FAILURE, RIC_SUB_DEL_RESP, RIC_SUB_DEL_FAILURE):
             await self._from_node_to_submgr(msg)
         elif t in (RIC_CONTROL_ACK, RIC_CONTROL_FAILURE, RIC_ERROR_INDICATION):
-            await self._forward(msg.replace(sub_id=-1))
+            await self._from_node_to_xapps(msg)
         elif t in (RIC_SUB_REQ, RIC_SUB_DEL_REQ):
             await self._forward(msg)  # submgr -> node, by meid
         elif t == RIC_CONTROL_REQ:
@@ -201,6 +201,19 @@ class E2Termination:
             self.stats.dropped_undecodable += 1
             return
         await self._forward(msg.replace(sub_id=rid.instance, meid=meid))
+
+    async def _from_node_to_xapps(self, msg: RmrMessage) -> None:
+        # Only E2 nodes send these to the E2T, and only well-formed E2AP is passed on.
+        meid = self._node_of(msg)
+        if meid is None:
+            self.stats.dropped_unroutable += 1
+            return
+        try:
+            e2ap.decode_e2ap(msg.payload)
+        except E2DecodeError:
+            self.stats.dropped_undecodable += 1
+            return
+        await self._forward(msg.replace(sub_id=-1, meid=meid))
 
     async def _control(self, msg: RmrMessage) -> None:
         if msg.src:
