@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from xapp.rmr import RmrSendError, RmrState, Router, parse_route_table
+from xapp.rmr.routes import RouteOutcome
 
 ME = frozenset({"me:4560", "10.0.0.5:4560"})
 SPEC_EXAMPLE = """\
@@ -86,8 +87,13 @@ def test_incremental_updates_and_deletes():
     assert r.table.lookup(1, -1) is None and r.targets(2) == ["b:1"] and r.targets(3) == ["c:1"]
     r.apply_update("meid_map|start\nmme_ar|o:1|x y\nmeid_map|end|1\nmeid_map|start\nmme_del|x\nmeid_map|end|1\n")
     assert dict(r.meid_map) == {"y": "o:1"}
-    notes = r.apply_update("updatert|start\nrte|4|d:1\nupdatert|end|7\n")
-    assert r.table.lookup(4, -1) is None and notes
+    outcomes = r.apply_update("updatert|start|u3\nrte|4|d:1\nupdatert|end|7\n")
+    assert r.table.lookup(4, -1) is None
+    assert outcomes == [RouteOutcome(False, "u3", "count 7 given, 1 records seen")]
+    assert outcomes[0].state_payload() == b"ERR u3 count 7 given, 1 records seen\n"
+    ok = r.apply_update("newrt|start|full\nrte|9|z:1\nnewrt|end|1\n")
+    assert ok == [RouteOutcome(True, "full")] and ok[0].state_payload() == b"OK full \n"
+    assert r.targets(9) == ["z:1"] and r.table.lookup(2, -1) is None  # newrt replaces, updatert amends
 
 
 def test_self_endpoints_dropped_and_group_emptied():

@@ -14,6 +14,7 @@ import collections
 import logging
 import os
 import socket
+import time  # wall-clock epoch in route-table requests only
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -117,9 +118,10 @@ class EndpointStats:
 class _Link(asyncio.Protocol):
     """One TCP connection (accepted or dialled): a framer in, a write queue out."""
 
-    def __init__(self, ep: RmrEndpoint, name: str | None = None):
+    def __init__(self, ep: RmrEndpoint, name: str | None = None, control: bool = False):
         self.ep = ep
         self.name = name  # the endpoint name we dialled; None for accepted connections
+        self.control = control  # a route-manager connection: mtypes 20/21/22 are handled here, not queued
         self.framer = RmrFramer(ep.max_frame)
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -150,6 +152,7 @@ class _Link(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         framer = self.framer
         ep = self.ep
+        dispatch = ep._dispatch_control if self.control else ep._dispatch
         try:
             framer.receive_data(data)
             while True:
@@ -157,7 +160,7 @@ class _Link(asyncio.Protocol):
                 if msg is NEED_DATA:
                     break
                 ep.stats.frames_in += 1
-                ep._dispatch(msg)  # type: ignore[arg-type]
+                dispatch(msg)  # type: ignore[arg-type]
         except RmrFrameError as exc:
             ep.stats.frame_errors += 1
             log.warning("rmr: closing connection %s (%s): %s", self.peer, self.name or "accepted", exc)
@@ -253,6 +256,8 @@ class RmrEndpoint:
         self._next_call_id = 2
         self._tasks: set[asyncio.Task] = set()
         self._server: asyncio.AbstractServer | None = None
+        self._control_server: asyncio.AbstractServer | None = None
+        self._rtg_target: str | None = None
         self._closed = False
 
     @classmethod
@@ -261,13 +266,17 @@ class RmrEndpoint:
                    queue_size: int = 10000, max_frame: int = DEFAULT_MAX_FRAME, connect_timeout: float = 2.0,
                    health_check: bool = True, route_poll_s: float = 1.0, route_reread_s: float = 60.0,
                    backoff: tuple[float, float] = (0.05, 1.0), env: Mapping[str, str] | None = None,
-                   clock: Callable[[], float] | None = None) -> RmrEndpoint:
+                   clock: Callable[[], float] | None = None, rtg_svc: str | None = None) -> RmrEndpoint:
         """Listen on `port` (0 picks a free one) and load the route table.
 
         Arguments override the environment (`env`, default `os.environ`): `route_table` over RMR_SEED_RT,
         `src_id` over RMR_SRC_ID, `bind_if` over RMR_BIND_IF, `name_only` over RMR_SRC_NAMEONLY. The table
         file is re-read every `route_poll_s` until it commits, then whenever it changes (checked every
         `route_poll_s`) and at least every `route_reread_s`.
+
+        `rtg_svc` (over RMR_RTG_SVC) as in C: `-1` or unset, file only; `<port>`, listen there for route-manager
+        pushes (mtype 20 records, acknowledged with mtype 22); `<host:port>`, also ask that route manager for a
+        table (mtype 21, every RMR_RTREQ_FREQ seconds, default 5) until one commits.
         """
         env = os.environ if env is None else env
         loop = asyncio.get_running_loop()
@@ -279,10 +288,11 @@ class RmrEndpoint:
                 name_only = int(env.get("RMR_SRC_NAMEONLY", "0") or 0) > 0
             except ValueError:
                 name_only = False
-        rtg = env.get("RMR_RTG_SVC", "-1").strip() or "-1"
-        if not rtg.startswith("-"):
-            log.warning("rmr: RMR_RTG_SVC=%s asks for a route manager; the python backend reads "
-                        "RMR_SEED_RT only (as with RMR_RTG_SVC=-1)", rtg)
+        rtg = (rtg_svc if rtg_svc is not None else env.get("RMR_RTG_SVC", "-1")).strip() or "-1"
+        try:
+            rtreq_s = min(300.0, max(1.0, float(env.get("RMR_RTREQ_FREQ", "5") or 5)))
+        except ValueError:
+            rtreq_s = 5.0
         holder: list[RmrEndpoint] = []
         server = await loop.create_server(lambda: _Link(holder[0]), host=bind_if or "0.0.0.0",
                                           port=parse_port(port), reuse_address=True)
@@ -297,6 +307,12 @@ class RmrEndpoint:
             ep.route_file = os.fspath(route_table)
             ep.check_route_file()
             ep._spawn(ep._watch_route_file(route_poll_s, route_reread_s))
+        if not rtg.startswith("-"):
+            try:
+                await ep._start_route_manager(rtg, bind_if, rtreq_s)
+            except BaseException:
+                await ep.close()
+                raise
         return ep
 
     async def __aenter__(self) -> RmrEndpoint:
@@ -378,6 +394,44 @@ class RmrEndpoint:
             for link in self._links:
                 if link.transport is not None and not link.closed:
                     link.transport.pause_reading()
+
+    def _dispatch_control(self, msg: RmrMessage) -> None:
+        """A frame from the route manager (on the control port, or on our connection to it)."""
+        if msg.mtype == Mtype.RMRRM_TABLE_DATA:
+            outcomes = self.router.apply_update(msg.payload.decode("utf-8", "replace"))
+            for note in self.router.update_notes:
+                log.warning("rmr: route manager table: %s", note)
+            for outcome in outcomes:
+                self._spawn(self._ack_table(msg, outcome.state_payload()))
+        elif msg.mtype == Mtype.HEALTH_CHECK_REQ:
+            self._dispatch(msg)
+        else:
+            log.info("rmr: mtype %d on a route-manager connection ignored", msg.mtype)
+
+    async def _ack_table(self, msg: RmrMessage, payload: bytes) -> None:
+        try:
+            await self.rts(msg, Mtype.RMRRM_TABLE_STATE, payload)
+        except RmrSendError as exc:
+            log.warning("rmr: cannot acknowledge a route table to %s: %s", msg.src, exc)
+
+    async def _start_route_manager(self, rtg: str, bind_if: str | None, request_s: float) -> None:
+        if ":" in rtg:
+            split_hostport(rtg)  # refuse a malformed address now, not in the background
+            self._rtg_target = rtg
+            self._spawn(self._request_tables(rtg, request_s))
+            return
+        self._control_server = await asyncio.get_running_loop().create_server(
+            lambda: _Link(self, None, True), host=bind_if or "0.0.0.0", port=parse_port(rtg), reuse_address=True)
+
+    async def _request_tables(self, target: str, every_s: float) -> None:
+        """Ask the route manager for a table until one commits (C's rtc loop for RMR_RTG_SVC=host:port)."""
+        while not self._closed and not self.ready:
+            try:
+                link = await self._link_to(target)
+                link.write(self.encode(RmrMessage(Mtype.RMRRM_REQ_TABLE, f"{self.src} ts={int(time.time())}\n".encode())))
+            except (RmrSendError, RmrClosedError) as exc:
+                log.info("rmr: route table request to %s failed: %s", target, exc)
+            await asyncio.sleep(every_s)
 
     async def _answer_health(self, msg: RmrMessage) -> None:
         try:
@@ -468,7 +522,8 @@ class RmrEndpoint:
         loop = asyncio.get_running_loop()
         try:
             _, link = await asyncio.wait_for(
-                loop.create_connection(lambda: _Link(self, name), host, port), self.connect_timeout)
+                loop.create_connection(lambda: _Link(self, name, name == self._rtg_target), host, port),
+                self.connect_timeout)
         except (TimeoutError, OSError) as exc:
             self.stats.dial_failures += 1
             b = self._backoff.setdefault(name, _Backoff())
@@ -622,8 +677,9 @@ class RmrEndpoint:
         if self._closed:
             return
         self._closed = True
-        if self._server is not None:
-            self._server.close()
+        for server in (self._server, self._control_server):
+            if server is not None:
+                server.close()
         for task in list(self._tasks):
             task.cancel()
         links = list(self._links)
@@ -644,5 +700,6 @@ class RmrEndpoint:
         for link in links:
             if not link.gone.done():
                 link.abort()  # the peer stopped reading: do not hang on it
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in (self._server, self._control_server):
+            if server is not None:
+                await server.wait_closed()

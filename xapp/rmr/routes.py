@@ -5,8 +5,8 @@ mtype-20 message) and only ever swaps in a table at a good `newrt|end` / `update
 per-group round-robin cursors and answers "where does this message go".
 
 Dynamic route tables: `updatert|start/end` and `del` records are applied atomically on top of the active
-table, so route-manager pushes (mtype 20) can be fed to the same parser. What is missing for a full RTG
-client is the I/O around it: requesting tables (mtype 21) and acknowledging them (mtype 22).
+table, so route-manager pushes (mtype 20, records possibly spread over several messages) go through the same
+parser via `Router.apply_update`, which returns the `RouteOutcome`s the endpoint acknowledges (mtype 22).
 """
 from __future__ import annotations
 
@@ -17,6 +17,19 @@ from types import MappingProxyType
 from .message import RmrSendError, RmrState
 
 MEID_ROUTE = "%meid"
+
+
+@dataclass(frozen=True, slots=True)
+class RouteOutcome:
+    """What became of one table at its end marker (a route manager is told, mtype 22)."""
+
+    committed: bool
+    table_id: str
+    reason: str = ""
+
+    def state_payload(self) -> bytes:
+        """The RMRRM_TABLE_STATE payload: `OK <id> \\n` or `ERR <id> <reason>\\n` (rmr-wire.md §9)."""
+        return (f"OK {self.table_id} \n" if self.committed else f"ERR {self.table_id} {self.reason}\n").encode()
 
 
 class RouteTableError(ValueError):
@@ -79,6 +92,7 @@ class RouteParser:
         self.commits = 0  # route tables committed by this parser
         self.meid_commits = 0
         self.notes: list[str] = []  # discarded tables and skipped records, for the log
+        self.outcomes: list[RouteOutcome] = []  # one per table end marker, for route-manager acks
         self._pending: dict[tuple[int, int], RouteEntry] | None = None
         self._pending_kind = ""
         self._pending_id = ""
@@ -133,17 +147,22 @@ class RouteParser:
             if self._pending is None or self._pending_kind != kind:
                 raise RouteTableError(f"{kind}|end without a matching start")
             pending, self._pending = self._pending, None
-            if len(fields) > 2 and fields[2]:
-                count = _int(fields[2], "record count")
-                if count != self._pending_count:
-                    self.notes.append(f"{kind} table discarded: count {count} given, "
-                                      f"{self._pending_count} records seen")
-                    return
-            if self._pending_error:
-                self.notes.append(f"{kind} table discarded: {self._pending_error}")
+            reason = self._pending_error
+            if not reason and len(fields) > 2 and fields[2]:
+                try:
+                    count = _int(fields[2], "record count")
+                except RouteTableError as exc:
+                    reason = str(exc)
+                else:
+                    if count != self._pending_count:
+                        reason = f"count {count} given, {self._pending_count} records seen"
+            if reason:
+                self.notes.append(f"{kind} table discarded: {reason}")
+                self.outcomes.append(RouteOutcome(False, self._pending_id, reason))
                 return
             self.table = RouteTable(MappingProxyType(pending), self._pending_id)
             self.commits += 1
+            self.outcomes.append(RouteOutcome(True, self._pending_id))
         else:
             raise RouteTableError(f"{kind} needs start or end, not {what!r}")
 
@@ -251,6 +270,7 @@ class Router:
         self._cursors: dict[tuple[int, int, int], int] = {}
         self._fixed: dict[tuple[int, int], list[str]] = {}  # lookups with no round-robin: answer cached
         self._updates = RouteParser(self.self_names)  # persistent: route-manager records span messages
+        self.update_notes: list[str] = []
 
     @property
     def ready(self) -> bool:
@@ -269,18 +289,21 @@ class Router:
             parser.notes.append("no newrt|end in the table text: nothing committed")
         return parser.notes
 
-    def apply_update(self, text: str) -> list[str]:
-        """Feed route-manager records (mtype 20 payloads); commits happen at their end markers."""
+    def apply_update(self, text: str) -> list[RouteOutcome]:
+        """Feed route-manager records (mtype 20 payloads, a table may span several); tables commit at their
+        end markers. Returns one outcome per end marker seen (notes go to `update_notes`)."""
         p = self._updates
         p.table, p.meid_map = self.table, self.meid_map
         before = (p.commits, p.meid_commits)
         del p.notes[:]
+        del p.outcomes[:]
         p.feed(text)
         if p.commits != before[0]:
             self._swap(p.table)
         if p.meid_commits != before[1]:
             self.meid_map = p.meid_map
-        return list(p.notes)
+        self.update_notes = list(p.notes)
+        return list(p.outcomes)
 
     def _swap(self, table: RouteTable | None) -> None:
         self.table = table
