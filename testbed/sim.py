@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from aiohttp import web
 from ricxappframe.xapp_sdl import SDLWrapper
 
 from testbed.e2node.config import KPM_VERSIONS, RC_TABLES, node_configs
@@ -162,6 +163,51 @@ class Simulation:
         await self.ric.close()
 
 
+# -- the simulator's own REST API (testbed control, not an O-RAN interface) -------------------------
+
+def build_sim_api(sim: Simulation) -> web.Application:
+    """`GET /sim/v1/state` (virtual time, per-site envelope, training SMs, quotas) and
+    `PUT /sim/v1/sites/{site}/training {"sms": n}`: what an agent really holds, so the model counts
+    deadline misses against real leases. Bad requests get 4xx JSON errors and change nothing."""
+
+    def error(status: int, message: str) -> web.Response:
+        return web.json_response({"error": message}, status=status)
+
+    async def state(request: web.Request) -> web.Response:
+        m = sim.model
+        sites = []
+        for i, site in enumerate(m.scenario.sites):
+            env = float(m.envelope[i])
+            sites.append({"site": i, "meid": sim.nodes[i].meid, "gpu_sms": site.gpu_sms,
+                          "envelope_sms": None if env == float("inf") else env,
+                          "training_sms": float(m.training_sms[i]),
+                          "quota_percent": (m.quota[i] * 100).round(3).tolist()})
+        return web.json_response({"slot": int(m.slot), "now_s": sim.now_s, "periods": sim.periods,
+                                  "period_s": sim.period_s, "scenario": m.scenario.name, "sites": sites})
+
+    async def training(request: web.Request) -> web.Response:
+        try:
+            site = int(request.match_info["site"])
+            body = await request.json()
+            sms = body["sms"]
+            if isinstance(sms, bool) or not isinstance(sms, int | float):
+                raise TypeError("sms must be a number")
+        except (ValueError, KeyError, TypeError) as exc:
+            return error(400, f"expected PUT /sim/v1/sites/<int>/training with {{\"sms\": <number>}}: {exc}")
+        if not 0 <= site < sim.model.scenario.n_sites:
+            return error(404, f"no site {site}")
+        try:
+            sim.model.set_training_sms(site, float(sms))
+        except ValueError as exc:
+            return error(400, str(exc))
+        return web.Response(status=204)
+
+    app = web.Application(client_max_size=64 << 10)
+    app.router.add_get("/sim/v1/state", state)
+    app.router.add_put("/sim/v1/sites/{site}/training", training)
+    return app
+
+
 # -- CLI adapter ------------------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -176,6 +222,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--e2term-port", type=int, default=38000, help="E2 termination RMR port (0: any free)")
     parser.add_argument("--submgr-port", type=int, default=8088, help="SubMgr REST port (0: any free)")
     parser.add_argument("--submgr-rmr-port", type=int, default=0)
+    parser.add_argument("--api-port", type=int, default=0, help="the simulator's own REST API (0: any free)")
     parser.add_argument("--xapp", action="append", default=[], metavar="HOST:PORT",
                         help="an xApp RMR endpoint to route control ACK/FAILURE and error indications to")
     parser.add_argument("--kpm", choices=KPM_VERSIONS, default="v3.00", help="KPM version of every node")
@@ -239,12 +286,17 @@ async def _serve(args, route_dir: str) -> int:
     except (ValueError, TypeError) as exc:  # ModelConfigError / NodeConfigError: a bad scenario or node setting
         print(f"weaver sim: {exc}", file=sys.stderr)
         return 2
+    api = web.AppRunner(build_sim_api(sim), access_log=None)
+    await api.setup()
+    api_site = web.TCPSite(api, args.host, args.api_port)
+    await api_site.start()
+    api_port = api_site._server.sockets[0].getsockname()[1]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        eps = sim.endpoints()
+        eps = {**sim.endpoints(), "sim-api": f"http://{args.host}:{api_port}/sim/v1"}
         for key, value in eps.items():
             print(f"weaver-sim: {key} {value}", flush=True)
         if args.json:
@@ -252,6 +304,7 @@ async def _serve(args, route_dir: str) -> int:
         print("weaver-sim: ready", flush=True)
         await sim.run(stop)
     finally:
+        await api.cleanup()
         await sim.close()
     print(f"weaver-sim: stopped after {sim.periods} periods ({sim.now_s:.1f} s simulated)", flush=True)
     return 0

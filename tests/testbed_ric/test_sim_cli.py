@@ -39,6 +39,8 @@ def test_weaver_sim_starts_prints_endpoints_and_stops_on_sigint(xapp_python, rep
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+/ric/v1/subscriptions", eps["submgr"]), eps
         assert re.fullmatch(r"127\.0\.0\.1:\d+", eps["e2term-rmr"])
         assert eps["nodes"] == "gnb_001_01_00000001,gnb_001_01_00000002"
+        with urllib.request.urlopen(eps["sim-api"] + "/state", timeout=10) as r:
+            assert len(json.loads(r.read())["sites"]) == 2
         table = Path(eps["route-table"]).read_text()
         assert f"rte|12040|{eps['e2term-rmr']}" in table
         assert json.loads((tmp_path / "ep.json").read_text())["submgr"] == eps["submgr"]

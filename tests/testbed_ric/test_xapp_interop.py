@@ -76,3 +76,40 @@ async def _interop() -> None:
 @pytest.mark.timeout(60)
 def test_xapp_clients_against_mini_ric():
     asyncio.run(_interop())
+
+
+async def _sim_api() -> None:
+    from testbed.sim import build_sim_api
+
+    sim = await Simulation.start(SimConfig(n_sites=2, n_cells=1, speed=0))
+    runner = web.AppRunner(build_sim_api(sim), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/sim/v1"
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.put(f"{base}/sites/1/training", json={"sms": 64}) as r:
+                assert r.status == 204
+            for url, body, code in ((f"{base}/sites/1/training", {"sms": 1e9}, 400),
+                                    (f"{base}/sites/9/training", {"sms": 1}, 404),
+                                    (f"{base}/sites/x/training", {"sms": 1}, 400),
+                                    (f"{base}/sites/0/training", {"sms": "lots"}, 400),
+                                    (f"{base}/sites/0/training", [1], 400)):
+                async with s.put(url, json=body) as r:
+                    assert r.status == code and (await r.json())["error"]
+            async with s.put(f"{base}/sites/0/training", data=b"{not json") as r:
+                assert r.status == 400
+            await sim.step()
+            async with s.get(f"{base}/state") as r:
+                st = await r.json()
+        assert st["periods"] == 1 and st["slot"] == 200
+        assert [x["training_sms"] for x in st["sites"]] == [0.0, 64.0]
+        assert st["sites"][0]["envelope_sms"] is None and st["sites"][0]["quota_percent"][0][1] == [0, 100, 0]
+    finally:
+        await runner.cleanup()
+        await sim.close()
+
+
+def test_sim_api_sets_training_and_reports_state():
+    asyncio.run(_sim_api())
