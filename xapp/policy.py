@@ -281,7 +281,10 @@ class WeaverPolicy:
         need = float(np.quantile(loads, 0.9)) / self.drain_utilisation
         k = (env - base) / (obs.n_cells * per_prb)
         if k < need:
-            env = min(ceil_to(base + obs.n_cells * need * per_prb, obs.granularity), obs.gpu_sms)
+            env = ceil_to(base + obs.n_cells * need * per_prb, obs.granularity)
+            if env >= obs.gpu_sms:
+                # Caps that let best-effort drain do not fit the GPU: lift them (RAN first) and grant nothing.
+                return tuple(CellCap(cell, 100) for cell in range(obs.n_cells)), obs.gpu_sms
             k = (env - base) / (obs.n_cells * per_prb)
         ratio = int(np.clip(math.floor(100 * k / c.cell_prbs), 1, 100))
         return tuple(CellCap(cell, ratio) for cell in range(obs.n_cells)), env
