@@ -23,4 +23,6 @@ def test_bench_rmr_quick(tmp_path):
             row = res["arms"][arm][size]
             assert row["one_way_received"] == row["one_way_msgs"]  # nothing lost on either arm
             assert row["rtt_samples"] == 200 and row["rtt_p99_ms"] >= row["rtt_p50_ms"] > 0
-    assert set(res["ratio_weaver_over_baseline"]["300"]) == {"one_way_rate_x", "rtt_p50_x", "rtt_p99_x"}
+    assert set(res["ratio_weaver_over_baseline"]["300"]) == {"one_way_rate_x", "rtt_p50_x", "rtt_p99_x",
+                                                              "one_core_capacity_x"}
+    assert row["receiver_cpu_us_per_msg"] > 0 and row["sender_cpu_us_per_msg"] > 0

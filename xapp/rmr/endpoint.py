@@ -33,6 +33,7 @@ log = logging.getLogger("xapp.rmr")
 
 FLUSH_BYTES = 256 << 10  # write at once when this much is queued on one connection
 HEALTH_OK = b"OK\n"
+_HEALTH_REQ = int(Mtype.HEALTH_CHECK_REQ)  # a plain int: comparing to an enum member costs ~0.4 us per frame
 
 
 def parse_port(port: int | str) -> int:
@@ -150,15 +151,12 @@ class _Link(asyncio.Protocol):
             transport.pause_reading()  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
-        framer = self.framer
         ep = self.ep
         dispatch = ep._dispatch_control if self.control else ep._dispatch
+        next_frame = self.framer.next_frame
         try:
-            framer.receive_data(data)
-            while True:
-                msg = framer.next_frame(self)
-                if msg is NEED_DATA:
-                    break
+            self.framer.receive_data(data)
+            while (msg := next_frame(self)) is not NEED_DATA:
                 ep.stats.frames_in += 1
                 dispatch(msg)  # type: ignore[arg-type]
         except RmrFrameError as exc:
@@ -371,7 +369,7 @@ class RmrEndpoint:
     # -- receiving ----------------------------------------------------------------------------------
 
     def _dispatch(self, msg: RmrMessage) -> None:
-        if msg.mtype == Mtype.HEALTH_CHECK_REQ and self.health_check:
+        if msg.mtype == _HEALTH_REQ and self.health_check:
             self.stats.health_checks += 1
             self._spawn(self._answer_health(msg))
         elif msg.call:
@@ -386,10 +384,11 @@ class RmrEndpoint:
             self._enqueue(msg)
 
     def _enqueue(self, msg: RmrMessage) -> None:
-        self._inbox.append(msg)
+        inbox = self._inbox
+        inbox.append(msg)
         if self._inbox_waiters:
             self._wake_one()
-        if len(self._inbox) >= self.queue_size and not self._inbox_paused:
+        if len(inbox) >= self.queue_size and not self._inbox_paused:
             self._inbox_paused = True
             for link in self._links:
                 if link.transport is not None and not link.closed:

@@ -16,7 +16,6 @@ from .message import (
     RmrEncodeError,
     RmrFrameError,
     RmrMessage,
-    new_message,
 )
 
 TRANSPORT_LEN = 50
@@ -48,6 +47,8 @@ _CALL_FLAG_BE = 0x04000000  # le32(0x04) read as BE
 _TEXT_CACHE: dict[bytes, str] = {}
 _MEID_CACHE: dict[bytes, str] = {}
 _CACHE_MAX = 4096
+_new = object.__new__
+_set = object.__setattr__
 
 
 def _cstr(raw: bytes) -> str:
@@ -156,8 +157,16 @@ class RmrFramer:
         self.error = RmrFrameError(f"{why} (frame {self.frames + 1} on this connection)")
         return self.error
 
+    def _length_error(self, length: int) -> RmrFrameError:
+        if length >= 1 << 31:
+            return self._fail(f"frame length {length} is >= 2**31 (P5)")
+        if length < MIN_FRAME:
+            return self._fail(f"frame length {length} is below the {MIN_FRAME}-byte minimum")
+        return self._fail(f"frame length {length} exceeds max_frame {self.max_frame}")
+
     def next_frame(self, via: object = None) -> RmrMessage | _NeedData:
-        """The next whole message, or `NEED_DATA`. Raises `RmrFrameError` (and stays broken) on a bad frame."""
+        """The next whole message, or `NEED_DATA`. Raises `RmrFrameError` (and stays broken) on a bad frame.
+        `via` is stored in the message (the endpoint passes the connection, for rts)."""
         if self.error is not None:
             raise self.error
         if self._need:
@@ -171,35 +180,32 @@ class RmrFramer:
         if avail < 4:
             return NEED_DATA
         (length,) = _LE32.unpack_from(buf, off)  # LE word decides on LE hosts, whatever BE/'$' say (§2)
-        if length >= 1 << 31:
-            raise self._fail(f"frame length {length} is >= 2**31 (P5)")
-        if length < MIN_FRAME:
-            raise self._fail(f"frame length {length} is below the {MIN_FRAME}-byte minimum")
-        if length > self.max_frame:
-            raise self._fail(f"frame length {length} exceeds max_frame {self.max_frame}")
+        if length < MIN_FRAME or length > self.max_frame:  # max_frame < 2**31 (P5)
+            raise self._length_error(length)
         if avail < length:
             self._need = length
             return NEED_DATA
         (mtype, plen, _ver, xid, src, meid, flags_be, len0, len1, len2, len3, sub_id, srcip) = _DECODE.unpack_from(
             buf, off + TRANSPORT_LEN)
-        if len0 < HDR_V3_LEN or len1 < 0 or len2 < 0 or len3 < 0:
+        if len0 < HDR_V3_LEN or (len1 | len2 | len3) < 0:  # an OR of ints is negative iff one of them is
             raise self._fail(f"bad header lengths len0={len0} len1={len1} len2={len2} len3={len3}")
         poff = TRANSPORT_LEN + len0 + len1 + len2 + len3
-        if poff > length:
-            raise self._fail(f"header lengths end at {poff}, past the frame length {length}")
-        if plen < 0:
-            raise self._fail(f"negative payload length {plen}")
+        if poff > length or plen < 0:
+            raise self._fail(f"header lengths end at {poff} (frame length {length}), payload length {plen}")
         base = off + TRANSPORT_LEN + len0
-        trace = buf[base: base + len1] if len1 else b""
-        call_id = buf[base + len1] if len2 else 0
         truncated = poff + plen > length
         if truncated:
             plen = length - poff  # deliver only in-frame bytes, never read past L (§6, P6)
-        payload = buf[off + poff: off + poff + plen]
         self._off = off + length
         self.frames += 1
-        return new_message(mtype, payload, sub_id, _meid(meid), xid, _cstr(src), _cstr(srcip), trace,
-                           call_id, bool(flags_be & _CALL_FLAG_BE), truncated, via)
+        # new_message() inlined: this runs once per frame
+        m = _new(RmrMessage)
+        _set(m, "__dict__", {
+            "mtype": mtype, "payload": buf[off + poff: off + poff + plen], "sub_id": sub_id,
+            "meid": _meid(meid), "xaction": xid, "src": _cstr(src), "srcip": _cstr(srcip),
+            "trace": buf[base: base + len1] if len1 else b"", "call_id": buf[base + len1] if len2 else 0,
+            "call": bool(flags_be & _CALL_FLAG_BE), "truncated": truncated, "via": via})
+        return m
 
 
 assert _HEADER.size == TRANSPORT_LEN - 4 + HDR_V3_LEN, _HEADER.size
