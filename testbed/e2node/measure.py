@@ -11,22 +11,29 @@ Units follow TS 28.552 where it fixes them; the vendor GPU measurements are Weav
 | RRU.PrbTotDl / RRU.PrbTotUl | cell / node | used ÷ available, percent, integer |
 | DRB.UEThpDl (+ `.SNSSAI`) | cell / node, per slice | kbit/s over the period, REAL |
 | DRB.RlcSduDelayDl (+ `.SNSSAI`) | cell / node, per slice | mean queueing delay, ms, REAL |
-| GPU.SmUsed.Mean / GPU.SmUsed.Max | site (the DU GPU; same for every cell) | SMs the RAN's PHY needed per slot: mean REAL / max integer |
+| GPU.SmUsed.Mean / GPU.SmUsed.Max | site (the DU GPU; same for every cell) | SMs the RAN's PHY needed per slot: mean REAL / max integer (rounded up) |
 | GPU.SmAvail | site | SMs left to the RAN after the training lease, integer |
 | GPU.DeadlineMiss | site | slots in the period whose demand exceeded the SMs left to the RAN, integer |
+| GPU.SmOffered.Mean / .Max | site | what the demand would have been without the compute-aware envelope: REAL / integer (up) |
+| GPU.SmNonDeferrable.Max | site | peak of fixed + protected-slice demand (the floor any envelope must cover), integer (up) |
+| GPU.BeAddedDelay.Max | site | oldest best-effort work the envelope deferred and served this period, ms, REAL |
+| GPU.SmEnvelope | site | the envelope in force (SMs, integer); noValue when none is set |
 
 A per-slice name (`.SNSSAI` suffix, or the base name with a sliceID label) for a slice the node does
 not serve yields `noValue`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .config import SliceId
 
 PER_SLICE = ("RRU.PrbUsedDl", "RRU.PrbUsedUl", "DRB.UEThpDl", "DRB.RlcSduDelayDl")
 PER_CELL = ("RRU.PrbAvailDl", "RRU.PrbAvailUl", "RRU.PrbTotDl", "RRU.PrbTotUl")
-SITE = ("GPU.SmUsed.Mean", "GPU.SmUsed.Max", "GPU.SmAvail", "GPU.DeadlineMiss")
+SITE = ("GPU.SmUsed.Mean", "GPU.SmUsed.Max", "GPU.SmAvail", "GPU.DeadlineMiss", "GPU.SmOffered.Mean",
+        "GPU.SmOffered.Max", "GPU.SmNonDeferrable.Max", "GPU.BeAddedDelay.Max", "GPU.SmEnvelope")
+_CEILED = ("GPU.SmUsed.Max", "GPU.SmOffered.Max", "GPU.SmNonDeferrable.Max")
 MEASUREMENTS = (*PER_SLICE, *(f"{n}.SNSSAI" for n in PER_SLICE), *PER_CELL, *SITE)
 
 
@@ -62,6 +69,11 @@ class SiteMeasurements:
     sm_max: float
     sm_avail: int
     deadline_misses: int
+    offered_mean: float = 0.0
+    offered_max: float = 0.0
+    nondeferrable_max: float = 0.0
+    added_delay_max_ms: float = 0.0
+    envelope: float | None = None
 
 
 def _slice_value(name: str, s: SliceMeasurements) -> float:
@@ -71,7 +83,10 @@ def _slice_value(name: str, s: SliceMeasurements) -> float:
 
 def _as_kind(name: str, value: float) -> int | float:
     # PRB counts and percentages are integers in TS 28.552; throughput, delay, SM means are REAL.
-    if name.startswith("RRU.") or name in ("GPU.SmUsed.Max", "GPU.SmAvail", "GPU.DeadlineMiss"):
+    # A peak SM count is rounded up: that many SMs were needed to cover it.
+    if name in _CEILED:
+        return max(0, math.ceil(value - 1e-9))
+    if name.startswith("RRU.") or name in ("GPU.SmAvail", "GPU.DeadlineMiss", "GPU.SmEnvelope"):
         return max(0, int(round(value)))
     return float(value)
 
@@ -81,8 +96,12 @@ def measure(m: SiteMeasurements, slices: tuple[SliceId, ...], name: str, snssai:
     """Value of `name` for `cell` (None: the whole node) and slice `snssai` ((sst, sd) or None)."""
     cells = m.cells if cell is None else (m.cells[cell],)
     if name in SITE:
+        if name == "GPU.SmEnvelope" and m.envelope is None:
+            return None
         value = {"GPU.SmUsed.Mean": m.sm_mean, "GPU.SmUsed.Max": m.sm_max, "GPU.SmAvail": m.sm_avail,
-                 "GPU.DeadlineMiss": m.deadline_misses}[name]
+                 "GPU.DeadlineMiss": m.deadline_misses, "GPU.SmOffered.Mean": m.offered_mean,
+                 "GPU.SmOffered.Max": m.offered_max, "GPU.SmNonDeferrable.Max": m.nondeferrable_max,
+                 "GPU.BeAddedDelay.Max": m.added_delay_max_ms, "GPU.SmEnvelope": m.envelope}[name]
         return _as_kind(name, value)
     base = name.removesuffix(".SNSSAI")
     if base in PER_SLICE:
@@ -123,4 +142,8 @@ def from_period_report(report, site: int, gpu_sms: float) -> SiteMeasurements:
                                       int(round(float(report.prb_avail_ul[s, c]))), slices))
     return SiteMeasurements(cells=tuple(cells), sm_mean=float(report.sm_mean[s]), sm_max=float(report.sm_max[s]),
                             sm_avail=int(max(0.0, gpu_sms - float(report.training_sms[s]))),
-                            deadline_misses=int(report.misses[s]))
+                            deadline_misses=int(report.misses[s]), offered_mean=float(report.offered_mean[s]),
+                            offered_max=float(report.offered_max[s]),
+                            nondeferrable_max=float(report.nondeferrable_max[s]),
+                            added_delay_max_ms=float(report.added_delay_max_ms[s]),
+                            envelope=None if not math.isfinite(float(report.envelope[s])) else float(report.envelope[s]))

@@ -98,6 +98,11 @@ def test_measure_scopes():
     assert measure(m, sl, "GPU.SmUsed.Max", None, 1) == 40
     assert measure(m, sl, "DRB.UEThpDl.SNSSAI", (2, 1), None) == 200.0
     assert measure(m, sl, "DRB.RlcSduDelayDl", None, 0) == pytest.approx((0.5 * 100 + 8 * 1000) / 1100)
+    assert measure(m, sl, "GPU.SmEnvelope", None, None) is None
+    m2 = SiteMeasurements(m.cells, 10.0, 40.2, 132, 3, 12.0, 55.5, 20.01, 4.5, 96.0)
+    assert [measure(m2, sl, n, None, None) for n in ("GPU.SmUsed.Max", "GPU.SmOffered.Mean", "GPU.SmOffered.Max",
+            "GPU.SmNonDeferrable.Max", "GPU.BeAddedDelay.Max", "GPU.SmEnvelope", "GPU.DeadlineMiss")] == [
+        41, 12.0, 56, 21, 4.5, 96, 3]
 
 
 def test_config_refuses_bad_fields():
