@@ -15,6 +15,7 @@ protocol: a site with t_i = 0 contributes zeros and stays in the quorum without 
 """
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -22,8 +23,8 @@ from dataclasses import dataclass
 import torch
 
 # Layout of the small SUM-reduced statistics vector every site sends first.
-STAT_TOKENS, STAT_TOKEN_STEPS, STAT_TOKEN_STEPS2, STAT_CONTRIBUTORS, STAT_SITES = range(5)
-N_STATS = 5
+STAT_TOKENS, STAT_TOKEN_STEPS, STAT_STEPS, STAT_STEPS2, STAT_CONTRIBUTORS, STAT_SITES = range(6)
+N_STATS = 6
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,8 @@ class RoundPolicy:
 
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
-    # Switch to FedNova normalisation when the token-weighted coefficient of variation of the
-    # contributors' step counts exceeds this (0 = always, inf = never).
+    # Switch to FedNova normalisation when the coefficient of variation of the contributors' step
+    # counts exceeds this (0 = always, inf = never).
     fednova_cv: float = 0.5
 
     def __post_init__(self) -> None:
@@ -65,25 +66,26 @@ class RoundStats:
     """The SUM-reduced statistics of a round, identical on every site after the all-reduce."""
 
     tokens: int
-    token_steps: float
-    token_steps2: float
-    contributors: int
-    sites: int
+    token_steps: float       # Σ t_i·τ_i
+    steps: float             # Σ τ_i
+    steps2: float            # Σ τ_i²
+    contributors: int        # sites with t_i > 0
+    sites: int               # sites in the quorum
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor) -> RoundStats:
         v = t.tolist()
-        return cls(tokens=int(round(v[STAT_TOKENS])), token_steps=v[STAT_TOKEN_STEPS],
-                   token_steps2=v[STAT_TOKEN_STEPS2], contributors=int(round(v[STAT_CONTRIBUTORS])),
+        return cls(tokens=int(round(v[STAT_TOKENS])), token_steps=v[STAT_TOKEN_STEPS], steps=v[STAT_STEPS],
+                   steps2=v[STAT_STEPS2], contributors=int(round(v[STAT_CONTRIBUTORS])),
                    sites=int(round(v[STAT_SITES])))
 
     @property
     def steps_cv(self) -> float:
-        """Token-weighted coefficient of variation of the contributors' step counts."""
-        if self.tokens <= 0 or self.token_steps <= 0:
+        """Coefficient of variation of the contributors' step counts (idle sites excluded)."""
+        if self.contributors < 2 or self.steps <= 0:
             return 0.0
-        mean = self.token_steps / self.tokens
-        var = max(self.token_steps2 / self.tokens - mean * mean, 0.0)
+        mean = self.steps / self.contributors
+        var = max(self.steps2 / self.contributors - mean * mean, 0.0)
         return math.sqrt(var) / mean
 
     @property
@@ -96,7 +98,8 @@ def stats_tensor(work: LocalWork) -> torch.Tensor:
     t = torch.zeros(N_STATS, dtype=torch.float64)
     t[STAT_TOKENS] = work.tokens
     t[STAT_TOKEN_STEPS] = work.tokens * work.steps
-    t[STAT_TOKEN_STEPS2] = work.tokens * work.steps * work.steps
+    t[STAT_STEPS] = work.steps
+    t[STAT_STEPS2] = work.steps * work.steps
     t[STAT_CONTRIBUTORS] = 1.0 if work.tokens > 0 else 0.0
     t[STAT_SITES] = 1.0
     return t
@@ -113,13 +116,15 @@ def flatten(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
 
 def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     """Copy a flat vector back into `tensors` (in place, keeping their dtypes)."""
+    total = sum(t.numel() for t in tensors)
+    if total != flat.numel():
+        raise ValueError(f"flat vector has {flat.numel()} elements, the tensors {total}")
     offset = 0
-    for t in tensors:
-        n = t.numel()
-        t.copy_(flat[offset:offset + n].view_as(t))
-        offset += n
-    if offset != flat.numel():
-        raise ValueError(f"flat vector has {flat.numel()} elements, the tensors {offset}")
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view_as(t))
+            offset += n
 
 
 def weighted_delta(global_flat: torch.Tensor, local_flat: torch.Tensor, work: LocalWork,
@@ -173,7 +178,8 @@ class OuterOptimizer:
         return self._opt.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self._opt.load_state_dict(state)
+        # torch keeps same-dtype tensors by reference: copy, so two optimisers never share a buffer.
+        self._opt.load_state_dict(copy.deepcopy(state))
 
 
 @dataclass

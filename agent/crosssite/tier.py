@@ -268,7 +268,7 @@ class CrossSiteTier:
         red.broadcast(stats_t)
         t_s = self.clock()
         errored = red.leader and self.manager.errored() is not None
-        stats = RoundStats.from_tensor(stats_t) if torch.isfinite(stats_t).all() else RoundStats(0, 0, 0, 0, 0)
+        stats = RoundStats.from_tensor(stats_t) if torch.isfinite(stats_t).all() else RoundStats(0, 0, 0, 0, 0, 0)
         fednova = use_fednova(stats, c.policy)
 
         local_flat = flatten(self.params)
