@@ -291,3 +291,19 @@ def test_close_flushes_queued_frames(run):
         await b.close()
         return got
     assert run(body(), timeout=60) == list(range(100))
+
+
+@pytest.mark.parametrize("src", [b"127.0.0.1:99999", b"127.0.0.1:0", b"host:-1", b"[::1:abc", b"\xff\xfe:80",
+                                 b"a" * 63, b":4560", b"no-such-host.invalid:4560", b"127.0.0.1:", b""])
+def test_health_check_with_odd_src_is_answered_on_the_socket(run, src):
+    """Whatever a peer writes as src, rts falls back to the arriving socket; nothing escapes the loop."""
+    async def body():
+        ep = await endpoint(connect_timeout=0.5)
+        conn = await raw_connect(ep.port)
+        await conn.send(build_frame(100, b"", src=src, srcip=src))
+        reply, _ = await conn.frame(timeout=10)
+        await ep.close()
+        conn.close()
+        return reply
+    reply = run(body())
+    assert (reply.mtype, reply.payload) == (101, b"OK\n")

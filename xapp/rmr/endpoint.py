@@ -55,9 +55,12 @@ def split_hostport(name: str) -> tuple[str, int]:
     if not sep or not host:
         raise RmrSendError(RmrState.BADARG, f"endpoint {name!r} is not host:port")
     try:
-        return host.strip("[]"), int(port)
+        number = int(port)
     except ValueError:
-        raise RmrSendError(RmrState.BADARG, f"endpoint {name!r} has a bad port") from None
+        number = -1
+    if not 0 < number < 65536:
+        raise RmrSendError(RmrState.BADARG, f"endpoint {name!r} has a bad port")
+    return host.strip("[]"), number
 
 
 def local_addresses() -> list[str]:
@@ -188,8 +191,12 @@ class _Link(asyncio.Protocol):
 
     # -- writing ------------------------------------------------------------------------------------
 
+    @property
+    def usable(self) -> bool:
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
     def write(self, frame: bytes) -> None:
-        if self.closed or self.transport is None or self.transport.is_closing():
+        if not self.usable:
             raise ConnectionResetError(f"connection to {self.name or self.peer} is closed")
         self._out.append(frame)
         self._out_bytes += len(frame)
@@ -496,7 +503,7 @@ class RmrEndpoint:
 
     async def _link_to(self, name: str) -> _Link:
         link = self._dialled.get(name)
-        if link is not None and not link.closed:
+        if link is not None and link.usable:
             return link
         if self._closed:
             raise RmrClosedError("endpoint closed")
@@ -523,7 +530,7 @@ class RmrEndpoint:
             _, link = await asyncio.wait_for(
                 loop.create_connection(lambda: _Link(self, name, name == self._rtg_target), host, port),
                 self.connect_timeout)
-        except (TimeoutError, OSError) as exc:
+        except (TimeoutError, OSError, ValueError, OverflowError) as exc:  # ValueError: bad IDNA names
             self.stats.dial_failures += 1
             b = self._backoff.setdefault(name, _Backoff())
             first, cap = self.backoff_range
@@ -544,7 +551,7 @@ class RmrEndpoint:
 
     async def _write_to(self, name: str, frame: bytes) -> _Link:
         link = self._dialled.get(name)
-        if link is None or link.closed:
+        if link is None or not link.usable:
             link = await self._link_to(name)
         try:
             link.write(frame)
@@ -590,7 +597,7 @@ class RmrEndpoint:
         targets = self.router.targets(msg.mtype, msg.sub_id, msg.meid)
         if len(targets) == 1:  # the hot path: an open connection, nothing to wait for
             link = self._dialled.get(targets[0])
-            if link is not None and not link.closed and link._writable is None:
+            if link is not None and link._writable is None and link.usable:
                 link.write(encode_frame(msg, self._src_b, self._srcip_b))
                 return 1
         return await self._send_routed(msg, targets)
@@ -622,7 +629,7 @@ class RmrEndpoint:
             except RmrSendError as exc:
                 tried.append(str(exc))
         via = received.via
-        if isinstance(via, _Link) and not via.closed:
+        if isinstance(via, _Link) and via.usable:
             via.write(frame)
             await via.drained()
             return
