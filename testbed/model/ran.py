@@ -199,22 +199,32 @@ class RanModel:
         misses = (demand > (self.gpu_sms - self.training_sms)[None] + 1e-9).sum(axis=0)
 
         # Delay: MAC stage by Little's law per slot (queue / mean capacity); compute stage in _compute_stage.
+        # One bincount for both directions and slices: bin index offset by slice.
+        bins, weights = [], []
         for a, sched in ((arr.dl, dl), (arr.ul, ul)):
-            cbar = sched.capacity.mean(axis=0)  # (S,C,L)
-            wait = np.where(cbar > 0, sched.queue / np.maximum(cbar, 1e-9), DELAY_BINS - 1)
-            bins = np.minimum(wait, DELAY_BINS - 1).astype(int)
-            for sl in range(2):
-                self.delay_hist[0, sl] += np.bincount(bins[..., sl].ravel(), a[..., sl].ravel(), DELAY_BINS)
-        self.offered_bytes += arr.dl.sum(axis=0) + arr.ul.sum(axis=0)
-        served_dl = np.stack([dl.served[..., 0], served_be_dl], -1)
-        served_ul = np.stack([ul.served[..., 0], served_be_ul], -1)
-        self.served_bytes += served_dl.sum(axis=0) + served_ul.sum(axis=0)
+            inv = 1.0 / np.maximum(sched.capacity.mean(axis=0), 1e-9)  # (S,C,L)
+            wait = sched.queue * inv
+            np.minimum(wait, DELAY_BINS - 1, out=wait)
+            b = wait.astype(np.intp)
+            b[..., 1] += DELAY_BINS
+            bins.append(b.ravel())
+            weights.append(a.ravel())
+        self.delay_hist[0] += np.bincount(np.concatenate(bins), np.concatenate(weights),
+                                          2 * DELAY_BINS).reshape(2, DELAY_BINS)
+        off_dl, off_ul = arr.dl.sum(axis=0), arr.ul.sum(axis=0)
+        self.offered_bytes += off_dl + off_ul
+        served_dl = dl.served
+        served_dl[..., 1] = served_be_dl
+        served_ul = ul.served
+        served_ul[..., 1] = served_be_ul
+        bytes_dl, bytes_ul = served_dl.sum(axis=0), served_ul.sum(axis=0)
+        self.served_bytes += bytes_dl + bytes_ul
         n_dl = dl_frac.sum(axis=0)[:, None]  # (S,1) DL slot-equivalents
         n_ul = np.maximum(is_u.sum(axis=0), 1)[:, None]
-        prb_dl = served_dl / arr.bpp_dl[..., None]
-        prb_ul = served_ul / arr.bpp_ul[..., None]
-        arrivals_per_slot = (arr.dl + arr.ul).sum(axis=0) / T
-        queue_mean = (dl.queue + ul.queue).mean(axis=0)
+        prb_dl = np.einsum("tscl,tsc->scl", served_dl, 1.0 / arr.bpp_dl)  # PRB-slots per slice
+        prb_ul = np.einsum("tscl,tsc->scl", served_ul, 1.0 / arr.bpp_ul)
+        arrivals_per_slot = (off_dl + off_ul) / T
+        queue_mean = dl.queue.mean(axis=0) + ul.queue.mean(axis=0)
         self.slot += T
         return PeriodReport(
             start_slot=start, n_slots=T, period_s=T * SLOT_S,
@@ -223,10 +233,10 @@ class RanModel:
             nondeferrable_max=nondef.max(axis=0), misses=misses, training_sms=self.training_sms.copy(),
             envelope=self.envelope.copy(), deferred_bytes=deferred, added_delay_max_ms=added_max,
             level=arr.level,
-            prb_used_dl=prb_dl.sum(axis=(0, 3)) / n_dl, prb_used_ul=prb_ul.sum(axis=(0, 3)) / n_ul,
+            prb_used_dl=prb_dl.sum(axis=2) / n_dl, prb_used_ul=prb_ul.sum(axis=2) / n_ul,
             prb_avail_dl=self.prbs.copy(), prb_avail_ul=self.prbs.copy(),
-            slice_prb_used_dl=prb_dl.sum(axis=0) / n_dl[..., None], slice_prb_used_ul=prb_ul.sum(axis=0) / n_ul[..., None],
-            slice_bytes_dl=served_dl.sum(axis=0), slice_bytes_ul=served_ul.sum(axis=0),
+            slice_prb_used_dl=prb_dl / n_dl[..., None], slice_prb_used_ul=prb_ul / n_ul[..., None],
+            slice_bytes_dl=bytes_dl, slice_bytes_ul=bytes_ul,
             slice_queue_bytes=self.q_dl + self.q_ul,
             slice_delay_ms=np.where(arrivals_per_slot > 0, queue_mean / np.maximum(arrivals_per_slot, 1e-12), 0.0)
             * SLOT_S * 1e3,

@@ -167,9 +167,13 @@ class SyntheticTrace:
         n_blocks = -(-T // MCS_BLOCK)
         for s, rng in enumerate(self.rngs):
             # One draw per kind for the whole site and period (index 0 = DL, 1 = UL): few, large calls.
-            u = rng.random((4, T, C))
-            burst = np.exp(rng.standard_normal((2, T, C)) * BURST_SIGMA - BURST_SIGMA ** 2 / 2)
-            small = rng.standard_exponential((2, T, C))
+            # float32 draws: twice as fast, and far finer than anything the load model claims.
+            u = rng.random((4, T, C), dtype=np.float32)
+            z = rng.standard_normal((2, T, C), dtype=np.float32)
+            z *= BURST_SIGMA
+            z -= BURST_SIGMA ** 2 / 2
+            burst = np.exp(z)
+            small = rng.standard_exponential((2, T, C), dtype=np.float32)
             mcs_noise = rng.standard_normal((2, n_blocks, C))
             layer_u = rng.random((2, n_blocks, C))
             p_act = 0.1 + self.p_slope[s] * lam[s]
@@ -177,8 +181,8 @@ class SyntheticTrace:
             for d, (mean, out, bpp_out) in enumerate(((self.mean_dl[s], dl, bpp_dl), (self.mean_ul[s], ul, bpp_ul))):
                 m = mean * lam[s]  # (C,) bytes per slot, all slices
                 mp, mb = m * self.shares[s, 0], m * self.shares[s, 1]
-                out[:, s, :, 0] = np.where(u[d] < PROTECTED_ACTIVE, small[d] * (mp / PROTECTED_ACTIVE), 0.0)
-                out[:, s, :, 1] = np.where(u[2 + d] < p_act, burst[d] * (mb / p_act), 0.0)
+                out[:, s, :, 0] = (u[d] < PROTECTED_ACTIVE) * small[d] * (mp / PROTECTED_ACTIVE)
+                out[:, s, :, 1] = (u[2 + d] < p_act.astype(np.float32)) * burst[d] * (mb / p_act)
                 mcs = np.clip(np.rint(self.mcs_mean[s, d] + 3.0 * mcs_noise[d]), 0, 27).astype(np.intp)
                 pool, cdf = (DL_LAYERS if d == 0 else UL_LAYERS)[0], self.layer_cdf[d]
                 layers = np.minimum(pool[np.searchsorted(cdf, layer_u[d])], self.max_layers[s, d])
