@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 from .endpoint import RmrEndpoint, parse_port
+from .framer import meid_from_wire
 from .message import Mtype, RmrClosedError, RmrError, RmrMessage, RmrSendError, RmrState
 
 BACKENDS = ("python", "native")
@@ -84,6 +85,7 @@ class NativeRmrEndpoint:
     constructor arguments written into them first."""
 
     POLL_MS = 100
+    SEND_TRIES = 5
     MAX_SIZE = 65536  # initial buffer size; the C library grows buffers for bigger payloads
 
     def __init__(self, rmr, ctx, port: int, loop: asyncio.AbstractEventLoop):
@@ -121,13 +123,14 @@ class NativeRmrEndpoint:
 
     def _to_message(self, ptr) -> RmrMessage:
         rmr = self._rmr
-        summary = rmr.message_summary(ptr)
-        meid = summary[rmr.RMR_MS_MEID] or b""
+        c = ptr.contents
+        # Raw reads: the xid is 32 opaque bytes (P2), and a truncated message still has its in-frame bytes.
+        payload = ctypes.string_at(c.payload, c.len) if c.len > 0 else b""
+        meid = meid_from_wire(rmr.rmr_get_meid(ptr).ljust(32, b"\0"))
         return RmrMessage(
-            mtype=summary[rmr.RMR_MS_MSG_TYPE], payload=bytes(summary[rmr.RMR_MS_PAYLOAD] or b""),
-            sub_id=summary[rmr.RMR_MS_SUB_ID], meid=meid.decode("ascii", "replace")[:31],
-            xaction=bytes(summary[rmr.RMR_MS_TRN_ID] or b"")[:32], src=summary[rmr.RMR_MS_MSG_SOURCE],
-            truncated=summary[rmr.RMR_MS_MSG_STATE] == RmrState.TRUNC, via=_NativeBuf(rmr, ptr))
+            mtype=c.mtype, payload=payload, sub_id=c.sub_id, meid=meid,
+            xaction=ctypes.string_at(c.xaction, 32), src=rmr.get_src(ptr), truncated=c.state == RmrState.TRUNC,
+            via=_NativeBuf(rmr, ptr))
 
     def _fill(self, ptr, msg: RmrMessage):
         rmr = self._rmr
@@ -150,7 +153,10 @@ class NativeRmrEndpoint:
     def _send_blocking(self, msg: RmrMessage) -> int:
         with self._lock:
             ptr = self._fill(self._rmr.rmr_alloc_msg(self._ctx, max(len(msg.payload), 1)), msg)
-            ptr = self._rmr.rmr_send_msg(self._ctx, ptr)
+            for _ in range(self.SEND_TRIES):  # RETRY means "not now" (a full socket), as RMRXapp treats it
+                ptr = self._rmr.rmr_send_msg(self._ctx, ptr)
+                if ptr.contents.state != RmrState.RETRY:
+                    break
             self._check(ptr, f"send mtype {msg.mtype}")
         return 1
 
@@ -165,7 +171,7 @@ class NativeRmrEndpoint:
             raise RmrSendError(RmrState.BADARG, "rts needs a message received by this native endpoint, once")
         with self._lock:
             ptr = buf.take()
-            if payload is not None:
+            if payload is not None:  # ricxappframe's rmr_rts_msg skips an empty payload: set it here
                 self._rmr.set_payload_and_length(payload, ptr)
             if mtype is not None:
                 ptr.contents.mtype = mtype

@@ -62,7 +62,7 @@ def _cstr(raw: bytes) -> str:
     return text
 
 
-def _meid(raw: bytes) -> str:
+def meid_from_wire(raw: bytes) -> str:
     # Keep the RmrMessage invariant (<= 31 ASCII chars) whatever a peer sent, so an rts never fails on it.
     text = _MEID_CACHE.get(raw)
     if text is None:
@@ -202,7 +202,7 @@ class RmrFramer:
         m = _new(RmrMessage)
         _set(m, "__dict__", {
             "mtype": mtype, "payload": buf[off + poff: off + poff + plen], "sub_id": sub_id,
-            "meid": _meid(meid), "xaction": xid, "src": _cstr(src), "srcip": _cstr(srcip),
+            "meid": meid_from_wire(meid), "xaction": xid, "src": _cstr(src), "srcip": _cstr(srcip),
             "trace": buf[base: base + len1] if len1 else b"", "call_id": buf[base + len1] if len2 else 0,
             "call": bool(flags_be & _CALL_FLAG_BE), "truncated": truncated, "via": via})
         return m
