@@ -45,7 +45,7 @@ class TrainConfig:
 class EnforcerConfig:
     safety: float = 0.9           # plan micro-batches to end by safety x remaining budget
     fit_window: int = 64          # recent micro-batches in the affine fit
-    tail_sigmas: float = 2.0      # add this many residual std-devs to the predicted step time
+    tail_quantile: float = 0.9    # plan with this quantile of the fit's residuals as margin
     max_batch_fraction: float = 0.5  # a micro-batch may take at most this share of the period (yield latency)
     min_micro_batch: int = 1
     max_micro_batch: int = 64
@@ -60,8 +60,10 @@ class EnforcerConfig:
             raise ValueError(f"EnforcerConfig.fit_window must be >= 2, got {self.fit_window}")
         if not 1 <= self.min_micro_batch <= self.max_micro_batch:
             raise ValueError("EnforcerConfig needs 1 <= min_micro_batch <= max_micro_batch")
-        if self.fixed_micro_batch < 0 or self.tail_sigmas < 0:
-            raise ValueError("EnforcerConfig.fixed_micro_batch and tail_sigmas must be >= 0")
+        if self.fixed_micro_batch < 0:
+            raise ValueError(f"EnforcerConfig.fixed_micro_batch must be >= 0, got {self.fixed_micro_batch}")
+        if not 0.0 <= self.tail_quantile < 1.0:
+            raise ValueError(f"EnforcerConfig.tail_quantile must be in [0, 1), got {self.tail_quantile}")
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class LeaseClientConfig:
 
 @dataclass(frozen=True)
 class ModeConfig:
-    mode: str = "cpu_preferred"
+    mode: str = "gpu_preferred"   # start on the leased device (a GPU, or the leased cores of a CPU site)
     margin: float = 0.2           # promote when predicted GPU goodput >= (1 + margin) x CPU goodput
     min_leases: int = 5           # fewer non-empty leases in the window: no decision (thin data)
     window_s: float = 60.0        # observation window
@@ -110,7 +112,7 @@ class AgentConfig:
     device: str = "auto"          # auto | cpu | cuda
     cores: int = 0                # CPU cores offered to leases; 0 = os.cpu_count()
     checkpoint_dir: str = "checkpoints"
-    inspect_addr: str = "127.0.0.1:0"  # AgentInspect gRPC server (localhost only)
+    inspect_addr: str = "127.0.0.1:50061"  # AgentInspect gRPC server (localhost only; port 0 = any)
 
     def to_dict(self) -> dict:
         return asdict(self)

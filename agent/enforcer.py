@@ -27,6 +27,7 @@ from agent.config import EnforcerConfig
 
 # Why a window ended (also LeaseRecord.end in the inspection contract).
 PERIOD, EXPIRED, REVOKED, REPLACED = "period", "expired", "revoked", "replaced"
+PROBE_EVERY = 10          # windows between re-measurements when the fit says nothing fits
 
 
 @dataclass(frozen=True)
@@ -96,12 +97,18 @@ class WindowReport:
 
 
 class StepTimeFit:
-    """Online least-squares fit of micro-batch time t(B) = a + b*B over a sliding window."""
+    """Online fit of micro-batch time t(B) = a + b*B over a sliding window, robust to stragglers.
 
-    def __init__(self, window: int = 64, tail_sigmas: float = 2.0):
+    Least squares, then one trimming pass that drops points more than 3 MADs above the line (a
+    preempted batch on a loaded host says nothing about the next one) and refits. The planning
+    margin is the `tail_quantile` of the kept residuals, so it tracks the tail the way Concordia's
+    quantile predictors do, instead of a standard deviation that one outlier inflates.
+    """
+
+    def __init__(self, window: int = 64, tail_quantile: float = 0.9):
         self.points: deque[tuple[int, float]] = deque(maxlen=window)
-        self.tail_sigmas = tail_sigmas
-        self.a, self.b, self.sigma = 0.0, math.nan, 0.0
+        self.tail_quantile = tail_quantile
+        self.a, self.b, self.margin = 0.0, math.nan, 0.0
 
     def add(self, size: int, seconds: float) -> None:
         self.points.append((size, seconds))
@@ -111,33 +118,45 @@ class StepTimeFit:
     def ready(self) -> bool:
         return bool(self.points)
 
-    def _refit(self) -> None:
-        n = len(self.points)
-        xs = [p[0] for p in self.points]
-        ys = [p[1] for p in self.points]
-        mx, my = sum(xs) / n, sum(ys) / n
-        sxx = sum((x - mx) ** 2 for x in xs)
+    @staticmethod
+    def _line(points) -> tuple[float, float]:
+        n = len(points)
+        mx = sum(x for x, _ in points) / n
+        my = sum(y for _, y in points) / n
+        sxx = sum((x - mx) ** 2 for x, _ in points)
         if sxx > 0:
-            b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+            b = sum((x - mx) * (y - my) for x, y in points) / sxx
             a = my - b * mx
-        else:
-            b, a = math.nan, 0.0
-        if not (b > 0 and a >= 0):
-            # One size only, or noise made the line nonsensical: fall back to proportional through
-            # the origin, which over-predicts every size above the ones seen (t = a + bB <= (a+b)B).
-            b, a = max(y / x for x, y in self.points), 0.0
+            if b > 0 and a >= 0:
+                return a, b
+        # One size only, or noise made the line nonsensical: proportional through the origin, which
+        # over-predicts every size above the ones seen (t = a + bB <= (a+b)B).
+        return 0.0, sum(y / x for x, y in points) / n
+
+    def _refit(self) -> None:
+        pts = list(self.points)
+        a, b = self._line(pts)
+        resid = sorted(y - (a + b * x) for x, y in pts)
+        if len(pts) >= 5:
+            med = resid[len(resid) // 2]
+            mad = sorted(abs(r - med) for r in resid)[len(resid) // 2]
+            limit = med + 3 * 1.4826 * mad
+            kept = [(x, y) for x, y in pts if y - (a + b * x) <= limit]
+            if len(kept) >= 3 and len(kept) < len(pts):
+                a, b = self._line(kept)
+                resid = sorted(y - (a + b * x) for x, y in kept)
         self.a, self.b = a, b
-        resid = [y - (a + b * x) for x, y in self.points]
-        self.sigma = math.sqrt(sum(r * r for r in resid) / n) if n > 2 else 0.0
+        q = resid[min(len(resid) - 1, int(self.tail_quantile * len(resid)))] if len(resid) > 2 else 0.0
+        self.margin = max(0.0, q)
 
     def predict(self, size: int) -> float:
-        return self.a + self.b * size + self.tail_sigmas * self.sigma
+        return self.a + self.b * size + self.margin
 
     def largest_within(self, seconds: float, lo: int, hi: int) -> int:
         """Largest B in [lo, hi] with predict(B) <= seconds, or 0 if none."""
         if not self.ready:
             return lo if seconds > 0 else 0
-        b = math.floor((seconds - self.a - self.tail_sigmas * self.sigma) / self.b)
+        b = math.floor((seconds - self.a - self.margin) / self.b)
         return min(hi, b) if b >= lo else 0
 
 
@@ -162,7 +181,7 @@ class BudgetEnforcer:
     config: EnforcerConfig = field(default_factory=EnforcerConfig)
 
     def __post_init__(self) -> None:
-        self.fit = StepTimeFit(self.config.fit_window, self.config.tail_sigmas)
+        self.fit = StepTimeFit(self.config.fit_window, self.config.tail_quantile)
         self.step_times: deque[float] = deque(maxlen=16)
         self.lease: LeaseTerms | None = None
         self.window: _Window | None = None
@@ -170,6 +189,8 @@ class BudgetEnforcer:
         self.seq = -1
         self.last_end_reason = ""
         self._closed: list[WindowReport] = []
+        self._last_probe = -math.inf
+        self._probing = False
 
     # --- lease events ----------------------------------------------------------------------------
     def on_lease(self, terms: LeaseTerms) -> bool:
@@ -220,10 +241,14 @@ class BudgetEnforcer:
             else:
                 break
 
+    def _probe_due(self, w: _Window) -> bool:
+        return w.start - self._last_probe >= PROBE_EVERY * w.lease.period_s - 1e-9
+
     def step_estimate(self) -> float:
         if self.step_times:
-            return max(self.step_times)
-        return self.fit.predict(self.config.min_micro_batch) if self.fit.ready else 0.0
+            times = sorted(self.step_times)
+            return times[int(0.9 * (len(times) - 1))]   # p90 of recent optimizer steps
+        return self.fit.a   # before any step was timed: the fixed per-launch cost
 
     def decide(self, now: float, pending_samples: int = 0, step_samples: int = 1) -> Decision:
         self._advance(now)
@@ -242,17 +267,36 @@ class BudgetEnforcer:
             if pending_samples >= step_samples and now < hard_end:
                 return StepNow(self.step_estimate())
             return Idle(w.end if w.end < lease.expires_at else lease.expires_at, "budget-spent")
-        step_reserve = self.step_estimate()
-        plan = min(c.safety * remaining - step_reserve, c.max_batch_fraction * lease.period_s)
+        # The optimizer step is taken as soon as enough samples are accumulated and the budget left
+        # covers its (p90) time, at whatever point of the window that is; otherwise it waits for the
+        # next window, whose budget it then opens. No window carries an unused reserve.
+        step_time = self.step_estimate()
+        if pending_samples >= step_samples:
+            if c.safety * remaining >= step_time:
+                return StepNow(step_time)
+            return Idle(w.end if w.end < lease.expires_at else lease.expires_at, "budget-spent")
+        plan = min(c.safety * remaining, c.max_batch_fraction * lease.period_s)
         size = self.fit.largest_within(plan, c.min_micro_batch, c.max_micro_batch)
+        if not size and w.busy_s == 0 and remaining > 0 and self._probe_due(w):
+            # The fit says not even the smallest batch fits an untouched budget. That may be stale
+            # (slow outliers, a warm-up): re-measure with the smallest batch, at most once every
+            # PROBE_EVERY windows, so a lease that is really too small costs at most that many overruns.
+            # Old points far slower per sample than the probe are dropped as stale (see record).
+            self._last_probe = w.start
+            self._probing = True
+            size = c.min_micro_batch
         if size:
             return Launch(size, self.fit.predict(size) if self.fit.ready else 0.0)
-        if pending_samples >= step_samples and remaining >= step_reserve:
-            return StepNow(step_reserve)
         return Idle(w.end if w.end < lease.expires_at else lease.expires_at, "budget-spent")
 
     # --- measurements ----------------------------------------------------------------------------
     def record_micro_batch(self, size: int, started: float, ended: float, cpu_s: float = 0.0) -> None:
+        if self._probing:
+            self._probing = False
+            per_sample = (ended - started) / size
+            kept = [(b, t) for b, t in self.fit.points if t / b <= 3 * per_sample]
+            self.fit.points.clear()
+            self.fit.points.extend(kept)
         self.fit.add(size, ended - started)
         self._account(started, ended, cpu_s, samples=size)
 
@@ -260,13 +304,17 @@ class BudgetEnforcer:
         self.step_times.append(ended - started)
         self._account(started, ended, cpu_s, step=True)
 
+    def record_other(self, started: float, ended: float, cpu_s: float = 0.0) -> None:
+        """Leased work that is neither a training micro-batch nor a step (validation chunks)."""
+        self._account(started, ended, cpu_s)
+
     def _account(self, started: float, ended: float, cpu_s: float, samples: int = 0, step: bool = False) -> None:
         w = self.window
         if w is None or started < w.start:
             return   # work of a window already closed (e.g. revoked mid-batch): its report is out
         w.busy_s += ended - started
         w.cpu_s += cpu_s
-        w.micro_batches += 0 if step else 1
+        w.micro_batches += 1 if samples else 0
         w.samples += samples
         w.steps += 1 if step else 0
         over_budget = w.busy_s - w.lease.budget_s

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from agent.config import ModeConfig
 
 CPU, GPU = "cpu", "gpu"            # where training runs: fallback cores, or the leased device
+MIN_OVERRUN_SAMPLES = 50           # windows needed before an overrun p99 means anything
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class ModeController:
                 self.quiet_until = now + c.quiet_s
                 return self._switch(now, "cpu_preferred", "safety: RAN deadline miss attributed to training")
             over = sorted(v for _, v in self.overruns)
-            if len(over) >= 10:
+            if len(over) >= MIN_OVERRUN_SAMPLES:
                 p99 = over[min(len(over) - 1, int(0.99 * len(over)))]
                 if p99 > c.overrun_guard_ms:
                     self.quiet_until = now + c.quiet_s

@@ -160,13 +160,14 @@ class Trainer:
 
     # --- checkpoint parts (named, like torchtitan's MODEL/OPTIMIZER/TRAIN_STATE) ------------------
     def state_dict(self) -> dict:
-        if self._pending_samples:
-            raise RuntimeError("checkpoint with accumulated gradients pending; take the optimizer step first")
+        """Named parts as of the last optimizer step. Micro-batches accumulated since are not in it:
+        the data position is rewound past them, so a resumed run recomputes them identically."""
+        block = self.config.model.block_size
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "train_state": {"step": self.step, "samples_seen": self.samples_seen,
-                            "tokens_seen": self.tokens_seen, "skipped_steps": self.skipped_steps,
+            "train_state": {"step": self.step, "samples_seen": self.samples_seen - self._pending_samples,
+                            "tokens_seen": self.tokens_seen - self._pending_samples * block, "skipped_steps": self.skipped_steps,
                             "last_loss": self.last_loss, "last_val_loss": self.last_val_loss},
             "config": asdict(self.config),
         }

@@ -61,9 +61,9 @@ def test_cost_demotion_when_leases_stay_at_zero():
 
 def test_safety_demotion_is_immediate_and_blocks_promotion_for_the_quiet_window():
     ctl = ModeController(ModeConfig(**{**CFG.__dict__, "mode": "gpu_preferred"}), now=0.0)
-    sw = feed(ctl, 0, 30, share=0.5, gpu_full=10_000.0, overrun_ms=25.0)
+    sw = feed(ctl, 0, 60, share=0.5, gpu_full=10_000.0, overrun_ms=25.0, every=0.5)
     assert len(sw) == 1 and sw[0].reason.startswith("safety") and sw[0].at < CFG.cooldown_s
-    sw = feed(ctl, 30, 600, share=0.9)                           # big leases, but quiet window
+    sw = feed(ctl, 60, 600, share=0.9)                           # big leases, but quiet window
     assert sw == []
     sw = feed(ctl, 600, 700, share=0.9)
     assert [s.to_mode for s in sw] == ["gpu_preferred"]

@@ -126,12 +126,23 @@ def test_checkpoints_are_atomic_and_only_the_last_k_are_kept(corpus, tmp_path):
     assert store.latest().step == 4
 
 
-def test_checkpoint_refuses_pending_gradients_and_foreign_models(corpus, tmp_path):
+def test_checkpoint_mid_accumulation_rewinds_to_the_last_step(corpus):
+    torch.set_num_threads(1)
+    straight = Trainer(TINY, corpus)
+    full = [r.loss for r in straight.train_steps(4, 8)]
     t = Trainer(TINY, corpus)
-    t.micro_batch(2)
-    with pytest.raises(RuntimeError, match="pending"):
-        t.state_dict()
-    t.optimizer_step()
+    t.train_steps(2, 8)
+    t.micro_batch(5)                                   # pending, not in the checkpoint
+    state = t.state_dict()
+    assert state["train_state"]["samples_seen"] == 16
+    resumed = Trainer(TINY, corpus)
+    resumed.load_state_dict(state)
+    assert [r.loss for r in resumed.train_steps(2, 8)] == full[2:]
+
+
+def test_checkpoint_refuses_foreign_models(corpus):
+    t = Trainer(TINY, corpus)
+    t.train_steps(1, 2)
     other = Trainer(TrainConfig(model=GPTConfig(n_embd=32, n_head=2, n_layer=1, block_size=16)), corpus)
     with pytest.raises(ValueError, match="does not match"):
         other.load_state_dict(t.state_dict())

@@ -1,0 +1,218 @@
+"""`weaver-agent`: run the site agent, or inspect a running one over its local AgentInspect service.
+
+    weaver-agent run [--preset tiny] [--config agent.json] [--broker host:port] [--site-id s] ...
+    weaver-agent status|watch|leases|checkpoint [--addr 127.0.0.1:50061] [--json]
+
+Tables by default, `--json` for scripts. Exit codes: 0 ok, 1 the agent refused, 2 unreachable / bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import replace
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from schemas.proto.weaver.v1 import lease_pb2, lease_pb2_grpc
+
+DEFAULT_ADDR = os.environ.get("WEAVER_AGENT_INSPECT", "127.0.0.1:50061")
+RPC_TIMEOUT_S = 5.0
+
+
+class Unreachable(Exception):
+    pass
+
+
+def _to_dict(msg) -> dict:
+    return MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+
+def _stub(addr: str):
+    channel = grpc.insecure_channel(addr)
+    return channel, lease_pb2_grpc.AgentInspectStub(channel)
+
+
+def _call(addr: str, fn):
+    channel, stub = _stub(addr)
+    try:
+        return fn(stub)
+    except grpc.RpcError as exc:
+        if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise Unreachable(f"no agent reachable at {addr} ({exc.code().name}: {exc.details()})") from None
+        raise
+    finally:
+        channel.close()
+
+
+def _fmt(x: float, spec: str = ".3f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _bar(used: float, budget: float, width: int = 20) -> str:
+    frac = 0.0 if budget <= 0 else min(1.0, used / budget)
+    n = round(frac * width)
+    return "[" + "#" * n + "-" * (width - n) + "]"
+
+
+def format_status(st: lease_pb2.AgentStatus) -> str:
+    lease = (f"{st.lease.lease_id} ({st.lease.sm_count} units, duty {st.lease.duty:.2f}, "
+             f"{st.lease_remaining_ms:.0f} ms left)" if st.lease.lease_id else "none")
+    rows = [("site", st.site_id), ("agent", st.agent_id), ("mode", st.mode), ("device", st.device),
+            ("broker", f"{st.broker} ({'connected' if st.connected else 'disconnected'})"), ("lease", lease),
+            ("period", f"{st.used_ms_in_period:.1f} / {st.budget_ms_in_period:.1f} ms of {st.period_ms} ms"),
+            ("step", str(st.step)), ("tokens", str(st.tokens)), ("tokens/s", _fmt(st.tokens_per_s, ".0f")),
+            ("loss", _fmt(st.loss)), ("val loss", _fmt(st.val_loss)),
+            ("checkpoint", f"{st.last_checkpoint or '-'} (step {st.last_checkpoint_step})")]
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+def format_watch_line(st: lease_pb2.AgentStatus) -> str:
+    lease = st.lease.lease_id or "-"
+    return (f"{time.strftime('%H:%M:%S')} {st.mode:<13} {lease:<10} {st.lease.sm_count:>3}u "
+            f"{_bar(st.used_ms_in_period, st.budget_ms_in_period)} {st.used_ms_in_period:6.1f}/"
+            f"{st.budget_ms_in_period:6.1f} ms  step {st.step:<6} loss {_fmt(st.loss)} "
+            f"tok/s {_fmt(st.tokens_per_s, '.0f')}{'' if st.connected else '  DISCONNECTED'}")
+
+
+def format_leases(hist: lease_pb2.LeaseHistory) -> str:
+    head = f"{'lease':<14} {'units':>5} {'granted ms':>11} {'used ms':>10} {'used%':>6} {'overrun ms':>10}  end"
+    lines = [head]
+    for r in hist.leases:
+        pct = 100 * r.used_ms / r.granted_ms if r.granted_ms else 0.0
+        lines.append(f"{r.lease_id:<14} {r.sm_count:>5} {r.granted_ms:>11.1f} {r.used_ms:>10.1f} {pct:>5.0f}% "
+                     f"{r.overrun_ms:>10.2f}  {r.end}")
+    return "\n".join(lines)
+
+
+# --- commands --------------------------------------------------------------------------------------
+
+def cmd_status(args) -> int:
+    st = _call(args.addr, lambda s: s.Status(lease_pb2.StatusRequest(), timeout=RPC_TIMEOUT_S))
+    print(json.dumps(_to_dict(st)) if args.json else format_status(st))
+    return 0
+
+
+def cmd_watch(args) -> int:
+    channel, stub = _stub(args.addr)
+    try:
+        n = 0
+        for st in stub.Watch(lease_pb2.WatchRequest(), timeout=args.seconds or None):
+            print(json.dumps(_to_dict(st)) if args.json else format_watch_line(st), flush=True)
+            n += 1
+            if args.count and n >= args.count:
+                break
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and args.seconds:
+            return 0
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            raise Unreachable(f"no agent reachable at {args.addr} ({exc.code().name}: {exc.details()})") from None
+        raise
+    finally:
+        channel.close()
+    return 0
+
+
+def cmd_leases(args) -> int:
+    hist = _call(args.addr, lambda s: s.Leases(lease_pb2.HistoryRequest(limit=args.limit), timeout=RPC_TIMEOUT_S))
+    print(json.dumps(_to_dict(hist)) if args.json else format_leases(hist))
+    return 0
+
+
+def cmd_checkpoint(args) -> int:
+    rep = _call(args.addr, lambda s: s.Checkpoint(lease_pb2.CheckpointRequest(), timeout=60))
+    print(json.dumps(_to_dict(rep)) if args.json else f"checkpoint {rep.path} (step {rep.step})")
+    return 0
+
+
+def build_config(args):
+    from agent.config import PRESETS, load_config
+    cfg = load_config(args.config) if args.config else PRESETS[args.preset]()
+    lease = cfg.lease
+    for flag, key in (("broker", "broker"), ("site_id", "site_id"), ("agent_id", "agent_id"), ("token", "token")):
+        if getattr(args, flag):
+            lease = replace(lease, **{key: getattr(args, flag)})
+    cfg = replace(cfg, lease=lease)
+    if args.mode:
+        cfg = replace(cfg, modes=replace(cfg.modes, mode=args.mode))
+    for flag in ("device", "cores", "checkpoint_dir", "inspect_addr"):
+        if getattr(args, flag) is not None:
+            cfg = replace(cfg, **{flag: getattr(args, flag)})
+    return cfg
+
+
+def cmd_run(args) -> int:
+    from agent.inspect_service import serve_inspect
+    from agent.site_agent import SiteAgent
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = build_config(args)
+    except ValueError as exc:
+        print(f"weaver-agent: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    agent = SiteAgent(cfg)
+    server, addr = serve_inspect(agent, cfg.inspect_addr)
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
+    signal.signal(signal.SIGINT, lambda *_: agent.stop())
+    d = agent.device
+    print(f"weaver-agent: site {cfg.lease.site_id}, device {d.kind} {d.name} ({d.sm_count} "
+          f"{'SMs' if d.kind == 'cuda' else 'cores'}), {agent.trainer.model.num_params()} params, "
+          f"mode {agent.modes.mode}, broker {cfg.lease.broker}, inspect on {addr}", flush=True)
+    try:
+        agent.run(max_seconds=args.max_seconds)
+    finally:
+        server.stop(grace=0.5)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="weaver-agent", description="Weaver site agent: train inside GPU leases")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the agent daemon")
+    run.add_argument("--config", help="JSON config file (AgentConfig fields)")
+    run.add_argument("--preset", default="small", choices=["tiny", "small", "medium"])
+    run.add_argument("--broker", help="lease broker host:port")
+    run.add_argument("--site-id")
+    run.add_argument("--agent-id")
+    run.add_argument("--token", default=os.environ.get("WEAVER_AGENT_TOKEN"))
+    run.add_argument("--mode", choices=["cpu", "cpu_preferred", "gpu_preferred", "gpu"])
+    run.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    run.add_argument("--cores", type=int)
+    run.add_argument("--checkpoint-dir")
+    run.add_argument("--inspect-addr", help="localhost address for AgentInspect (port 0 = any free port)")
+    run.add_argument("--max-seconds", type=float, help="stop after this long (tests, demos)")
+    run.set_defaults(fn=cmd_run)
+    for name, fn, helptext in (("status", cmd_status, "lease, mode, device, step, tokens, loss, checkpoint"),
+                               ("watch", cmd_watch, "one line per period with a progress bar for the lease"),
+                               ("leases", cmd_leases, "recent leases with used/granted/overrun"),
+                               ("checkpoint", cmd_checkpoint, "force a checkpoint now")):
+        sp = sub.add_parser(name, help=helptext)
+        sp.add_argument("--addr", default=DEFAULT_ADDR, help=f"agent inspection address (default {DEFAULT_ADDR})")
+        sp.add_argument("--json", action="store_true")
+        if name == "watch":
+            sp.add_argument("--count", type=int, default=0, help="stop after N lines")
+            sp.add_argument("--seconds", type=float, default=0, help="stop after S seconds")
+        if name == "leases":
+            sp.add_argument("--limit", type=int, default=20)
+        sp.set_defaults(fn=fn)
+    args = p.parse_args(argv)
+    try:
+        return args.fn(args)
+    except Unreachable as exc:
+        print(f"weaver-agent: {exc}", file=sys.stderr)
+        return 2
+    except grpc.RpcError as exc:
+        print(f"weaver-agent: the agent refused: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,339 @@
+"""The site agent: one process per DU GPU (or CPU-only site) that holds leases and trains inside them.
+
+Threads: the lease client owns the gRPC stream; the inspection server answers the CLI; everything
+else happens on the caller's thread in `run()`, one loop that reads top to bottom:
+
+    drain lease events -> enforcer (grant / revoke / disconnect = revoke all)
+    leased device:  ask the enforcer -> micro-batch | optimizer step | idle until the next deadline or event
+    fallback cores: micro-batches back to back, no lease (modes cpu / cpu_preferred)
+    closed windows -> UsageReport to the broker, lease history, mode controller
+    maybe validate / checkpoint / switch mode
+
+Validation runs as leased work too (forward-only chunks sized like micro-batches), so nothing but
+host-side bookkeeping and checkpoint writes happens outside a lease.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from agent.checkpoint import CheckpointInfo, CheckpointStore
+from agent.config import AgentConfig
+from agent.enforcer import BudgetEnforcer, Idle, Launch, StepNow, WindowReport
+from agent.lease_client import (
+    Connected,
+    CrossSiteChanged,
+    Disconnected,
+    LeaseClient,
+    LeaseGranted,
+    LeaseRevoked,
+)
+from agent.modes import CPU, GPU, ModeController
+from agent.monitors import DeviceFacts, detect_device, used_units_ms
+from agent.trainer import Trainer
+from schemas.proto.weaver.v1 import lease_pb2
+
+log = logging.getLogger("weaver.agent")
+
+IDLE_TICK_S = 0.05        # longest idle wait: bounds how stale the status and the mode loop get
+MODE_EVERY_S = 1.0
+
+
+@dataclass
+class LeaseRecord:
+    lease_id: str
+    sm_count: int
+    received_unix_ms: int
+    granted_ms: float = 0.0
+    used_ms: float = 0.0
+    overrun_ms: float = 0.0
+    end: str = "active"
+
+    def to_proto(self) -> lease_pb2.LeaseRecord:
+        return lease_pb2.LeaseRecord(lease_id=self.lease_id, sm_count=self.sm_count, granted_ms=self.granted_ms,
+                                     used_ms=self.used_ms, overrun_ms=self.overrun_ms,
+                                     received_unix_ms=self.received_unix_ms, end=self.end)
+
+
+class SiteAgent:
+    def __init__(self, config: AgentConfig, *, device: DeviceFacts | None = None, trainer: Trainer | None = None,
+                 clock=time.monotonic):
+        self.config = config
+        self.clock = clock
+        self.device = device or detect_device(config.device, config.cores)
+        self.trainer = trainer or Trainer(config.train, device="cuda" if self.device.kind == "cuda" else "cpu")
+        self.enforcer = BudgetEnforcer(config.enforcer)
+        self.store = CheckpointStore(config.checkpoint_dir, config.train.keep_last)
+        self.modes = ModeController(config.modes, now=clock())
+        self.client = LeaseClient(config.lease, self.device, mode=self.modes.mode)
+        self.history: deque[LeaseRecord] = deque(maxlen=256)
+        self._records: dict[str, LeaseRecord] = {}
+        self.last_checkpoint: CheckpointInfo | None = None
+        self.stop_event = threading.Event()
+        self.window_reports: deque[WindowReport] = deque(maxlen=1024)
+        self.yield_latencies_ms: deque[float] = deque(maxlen=256)
+        self.work_log: deque[tuple[float, float, str]] = deque(maxlen=4096)   # (start, end, kind) of leased work
+        self._lock = threading.Lock()
+        self._ckpt_requests: list[tuple[threading.Event, list]] = []
+        self._threads = 0
+        self._tokens_at: deque[tuple[float, int]] = deque(maxlen=64)
+        self._evaluating = 0        # held-out samples still to evaluate in the current validation
+        self._eval_sum = 0.0
+        self._next_eval_step = config.train.eval_every
+        self._next_ckpt_step = config.train.checkpoint_every
+        self.cross_site: lease_pb2.CrossSiteConfig | None = None
+
+    # --- public API (used by the inspection server and tests) ---------------------------------
+    def status(self) -> lease_pb2.AgentStatus:
+        now = self.clock()
+        with self._lock:
+            lease = self.enforcer.lease
+            window = self.enforcer.window
+            msg = lease_pb2.AgentStatus(
+                site_id=self.config.lease.site_id, agent_id=self.client.agent_id, mode=self.modes.mode,
+                device=self.device.kind if self.modes.device == GPU else "cpu",
+                step=self.trainer.step, tokens=self.trainer.tokens_seen,
+                loss=self.trainer.last_loss, val_loss=self.trainer.last_val_loss,
+                last_checkpoint=str(self.last_checkpoint.path) if self.last_checkpoint else "",
+                last_checkpoint_step=self.last_checkpoint.step if self.last_checkpoint else 0,
+                connected=self.client.connected, broker=self.config.lease.broker,
+                tokens_per_s=self._tokens_per_s())
+            if lease is not None:
+                msg.lease.CopyFrom(lease_pb2.Lease(
+                    lease_id=lease.lease_id, site_id=self.config.lease.site_id, sm_count=lease.sm_count,
+                    period_ms=round(lease.period_s * 1e3), valid_for_ms=round(lease.valid_for_s * 1e3),
+                    epoch=lease.epoch, seq=lease.seq, duty=lease.duty, reason=lease.reason))
+                msg.lease_remaining_ms = max(0.0, (lease.expires_at - now) * 1e3)
+                msg.period_ms = round(lease.period_s * 1e3)
+                msg.budget_ms_in_period = lease.budget_s * 1e3
+            if window is not None:
+                msg.used_ms_in_period = window.busy_s * 1e3
+        return msg
+
+    def leases(self, limit: int = 0) -> list[lease_pb2.LeaseRecord]:
+        with self._lock:
+            recs = list(self.history)
+        recs = recs[-limit:] if limit else recs
+        return [r.to_proto() for r in recs]
+
+    def request_checkpoint(self, timeout: float = 30.0) -> CheckpointInfo:
+        """Ask the loop for a checkpoint at its next micro-batch boundary and wait for it."""
+        done, box = threading.Event(), []
+        with self._lock:
+            self._ckpt_requests.append((done, box))
+        if not done.wait(timeout):
+            raise TimeoutError("the training loop did not take the checkpoint in time")
+        return box[0]
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    # --- the loop -----------------------------------------------------------------------------
+    def resume(self) -> CheckpointInfo | None:
+        info = self.store.latest()
+        if info is not None:
+            self.trainer.load_state_dict(self.store.load(info))
+            self.last_checkpoint = info
+            self._next_eval_step = self.trainer.step + self.config.train.eval_every
+            self._next_ckpt_step = self.trainer.step + self.config.train.checkpoint_every
+            log.info("resumed from %s (step %d)", info.path, info.step)
+        return info
+
+    def warm_up(self) -> None:
+        """One throw-away micro-batch before any lease: first calls pay one-off costs (allocator,
+        kernel selection, CUDA context) that would otherwise land as an overrun in the first lease
+        and poison the step-time fit. Gradients are discarded; the data position is restored."""
+        t = self.trainer
+        pos, tokens = t.samples_seen, t.tokens_seen
+        t.micro_batch(1)
+        t.discard_pending()
+        t.samples_seen, t.tokens_seen = pos, tokens
+
+    def run(self, max_seconds: float | None = None) -> None:
+        self.resume()
+        self.warm_up()
+        self.client.start()
+        deadline = None if max_seconds is None else self.clock() + max_seconds
+        next_mode_eval = self.clock() + MODE_EVERY_S
+        try:
+            while not self.stop_event.is_set() and (deadline is None or self.clock() < deadline):
+                self._handle(self.client.poll(0.0))
+                self._serve_checkpoint_requests()
+                if self.modes.device == GPU:
+                    self._leased_iteration()
+                else:
+                    self._fallback_iteration()
+                self._publish(self.enforcer.close_windows(self.clock()))
+                if self.clock() >= next_mode_eval:
+                    next_mode_eval = self.clock() + MODE_EVERY_S
+                    self._evaluate_mode()
+        finally:
+            self.client.stop()
+            self._checkpoint()                     # on shutdown, as of the last optimizer step
+            self._serve_checkpoint_requests()
+
+    def _leased_iteration(self) -> None:
+        c = self.config.train
+        with self._lock:
+            d = self.enforcer.decide(self.clock(), self.trainer.pending_samples, c.step_samples)
+        if isinstance(d, Launch):
+            self._use_threads(self.enforcer.lease.sm_count)
+            t0 = self.clock()
+            if self._evaluating:
+                cpu = self._eval_chunk(min(self._evaluating, 3 * d.size))   # forward-only is ~1/3 the cost
+                t1 = self.clock()
+                self.work_log.append((t0, t1, "eval"))
+                with self._lock:
+                    self.enforcer.record_other(t0, t1, cpu)
+            else:
+                r = self.trainer.micro_batch(d.size)
+                self.work_log.append((t0, t0 + r.wall_s, "micro-batch"))
+                with self._lock:
+                    self.enforcer.record_micro_batch(d.size, t0, t0 + r.wall_s, r.cpu_s)
+        elif isinstance(d, StepNow):
+            t0, cpu0 = self.clock(), time.process_time()
+            self._optimizer_step()
+            t1 = self.clock()
+            self.work_log.append((t0, t1, "step"))
+            with self._lock:
+                self.enforcer.record_step(t0, t1, time.process_time() - cpu0)
+        else:
+            self._wait(d)
+
+    def _fallback_iteration(self) -> None:
+        """Unleased CPU training on the fallback cores (one thread unless configured)."""
+        self._use_threads(max(1, self.config.train.threads or 1))
+        if self._evaluating:
+            self._eval_chunk(min(self._evaluating, 64))
+            return
+        self.trainer.micro_batch(min(16, self.config.train.max_micro_batch))
+        if self.trainer.pending_samples >= self.config.train.step_samples:
+            self._optimizer_step()
+
+    def _wait(self, d: Idle) -> None:
+        timeout = IDLE_TICK_S if d.until is None else min(IDLE_TICK_S, max(0.0, d.until - self.clock()))
+        self._handle(self.client.poll(timeout))
+
+    def _optimizer_step(self) -> None:
+        with self._lock:
+            r = self.trainer.optimizer_step()
+            self._tokens_at.append((self.clock(), self.trainer.tokens_seen))
+        c = self.config.train
+        if r is None:
+            return
+        if c.eval_every and self.trainer.step >= self._next_eval_step:
+            self._next_eval_step = self.trainer.step + c.eval_every
+            self._evaluating, self._eval_sum = c.eval_samples, 0.0
+        if c.checkpoint_every and self.trainer.step >= self._next_ckpt_step:
+            self._next_ckpt_step = self.trainer.step + c.checkpoint_every
+            self._checkpoint()
+
+    def _eval_chunk(self, n: int) -> float:
+        cpu0 = time.process_time()
+        total = self.config.train.eval_samples
+        start = total - self._evaluating
+        block = self.trainer.config.model.block_size
+        x, y = self.trainer.dataset.batch("val", start, n, block)
+        self.trainer.model.eval()
+        with torch.no_grad():
+            _, loss = self.trainer.model(x.to(self.trainer.device), y.to(self.trainer.device))
+        self._eval_sum += loss.item() * n
+        self._evaluating -= n
+        if self._evaluating == 0:
+            self.trainer.last_val_loss = self._eval_sum / total
+            log.info("step %d: val loss %.4f", self.trainer.step, self.trainer.last_val_loss)
+        return time.process_time() - cpu0
+
+    def _use_threads(self, n: int) -> None:
+        # CPU duty cycle over the leased cores: one intra-op thread per leased core.
+        if self.device.kind == "cpu" or self.modes.device == CPU:
+            n = max(1, min(n, self.device.sm_count if self.device.kind == "cpu" else n))
+            if n != self._threads:
+                torch.set_num_threads(n)
+                self._threads = n
+
+    def _checkpoint(self) -> CheckpointInfo:
+        with self._lock:
+            state = self.trainer.state_dict()
+        state["agent"] = {"site_id": self.config.lease.site_id, "agent_config": self.config.to_dict()}
+        info = self.store.save(state, state["train_state"]["step"])
+        self.last_checkpoint = info
+        return info
+
+    def _serve_checkpoint_requests(self) -> None:
+        with self._lock:
+            reqs, self._ckpt_requests = self._ckpt_requests, []
+        if reqs:
+            info = self._checkpoint()
+            for done, box in reqs:
+                box.append(info)
+                done.set()
+
+    # --- events and reports -------------------------------------------------------------------
+    def _handle(self, events) -> None:
+        for ev in events:
+            with self._lock:
+                if isinstance(ev, LeaseGranted):
+                    t = ev.terms
+                    if self.enforcer.on_lease(t):
+                        self._records[t.lease_id] = rec = LeaseRecord(t.lease_id, t.sm_count, int(time.time() * 1e3))
+                        self.history.append(rec)
+                        self.modes.observe_lease(t.received_at, t.duty * t.sm_count / max(1, self.device.sm_count))
+                elif isinstance(ev, LeaseRevoked):
+                    if self.enforcer.on_revoke(ev.at, ev.lease_id, ev.reason):
+                        self.yield_latencies_ms.append((self.clock() - ev.at) * 1e3)
+                        log.info("lease %s revoked: %s", ev.lease_id or "(all)", ev.reason)
+                elif isinstance(ev, Disconnected):
+                    # Connection loss: launch nothing more under any lease we held.
+                    self.enforcer.on_revoke(ev.at, "", "disconnected")
+                elif isinstance(ev, Connected):
+                    self.cross_site = ev.cross_site
+                elif isinstance(ev, CrossSiteChanged):
+                    self.cross_site = ev.config
+
+    def _publish(self, reports: list[WindowReport]) -> None:
+        for r in reports:
+            self.window_reports.append(r)
+            units = r.sm_count if self.device.kind == "cuda" else min(r.sm_count, self.device.sm_count)
+            used_ms = used_units_ms(self.device, r.busy_s, r.cpu_s, units)
+            with self._lock:
+                rec = self._records.get(r.lease_id)
+                if rec is not None:
+                    rec.granted_ms += r.granted_s * 1e3 * units
+                    rec.used_ms += used_ms
+                    rec.overrun_ms = max(rec.overrun_ms, r.overrun_s * 1e3)
+                    rec.end = "active" if r.end == "period" else r.end
+                    for old in self._records.values():
+                        if old is not rec and old.end == "active":
+                            old.end = "replaced"
+                self.modes.observe_overrun(self.clock(), r.overrun_s * 1e3)
+            self.client.send_usage(lease_pb2.UsageReport(
+                lease_id=r.lease_id, sm_ms_used=used_ms, sm_ms_granted=r.granted_s * 1e3 * units,
+                overrun_ms=r.overrun_s * 1e3, steps=r.steps, tokens=r.samples * self.trainer.config.model.block_size,
+                loss=self.trainer.last_loss, mode=self.modes.mode, window_ms=r.length_s * 1e3,
+                device=self.device.kind, val_loss=self.trainer.last_val_loss))
+
+    def _tokens_per_s(self) -> float:
+        if len(self._tokens_at) < 2:
+            return 0.0
+        (t0, n0), (t1, n1) = self._tokens_at[0], self._tokens_at[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def _evaluate_mode(self) -> None:
+        now = self.clock()
+        tps = self._tokens_per_s()
+        lease = self.enforcer.lease
+        share = lease.duty * lease.sm_count / max(1, self.device.sm_count) if lease else 0.0
+        if tps > 0 and not math.isnan(tps):
+            self.modes.observe_throughput(now, self.modes.device, tps, share)
+        sw = self.modes.evaluate(now)
+        if sw is not None:
+            log.warning("mode %s -> %s: %s", sw.from_mode, sw.to_mode, sw.reason)
+            self.client.mode = sw.to_mode
+            self._tokens_at.clear()
