@@ -546,6 +546,13 @@ def encode_indication_header(obj: KpmIndicationHeader, version: KpmVersion) -> b
             " (64-bit NTP, or Unix s/ms/us/ns)",
             "E2SM-KPM-IndicationHeader",
         )
+    from e2sm import _fast_kpm
+    from e2sm._fast import Unsupported
+
+    try:
+        return _fast_kpm.encode_indication_header(obj, version)  # asn1tools' exact bytes, for validated values
+    except Unsupported:
+        pass
     body: dict[str, Any] = {"colletStartTime": obj.collect_start_time.to_bytes(n, "big")}
     for asn_name, attr in _HEADER_STRINGS:
         value = getattr(obj, attr)
@@ -574,30 +581,41 @@ def decode_indication_header(data: bytes, version: KpmVersion) -> KpmIndicationH
 
 
 def _decode_header(data: bytes, version: KpmVersion) -> KpmIndicationHeader:
+    from e2sm import _fast_kpm  # inside: _fast_kpm imports this module; tests swap the attribute
+    from e2sm._fast import Unsupported
+
     other = KpmVersion.V2_03 if version is KpmVersion.V3_00 else KpmVersion.V3_00
     hint = (
         f"probable KPM version mismatch: decoded as {version.module} "
         f"({version.timestamp_octets}-octet TimeStamp); the node may send {other.module}"
     )
+    where = "E2SM-KPM-IndicationHeader"
     try:
-        v = _asn1.decode(version.module, "E2SM-KPM-IndicationHeader", data)
+        header = _fast_kpm.decode_indication_header(data, version)
+    except Unsupported:
+        header = _decode_header_reference(data, version, hint)
+    # Plausibility, on the typed value so that both paths apply it. (Strings are PrintableString on
+    # both: the fast reader declines others, the reference path refuses them naming the mismatch.)
+    if not plausible_timestamp(header.collect_start_time, version):
+        raise E2DecodeError(f"colletStartTime {header.collect_start_time:#x} is not a plausible TimeStamp; {hint}", where)
+    return header
+
+
+def _decode_header_reference(data: bytes, version: KpmVersion, hint: str) -> KpmIndicationHeader:
+    where = "E2SM-KPM-IndicationHeader"
+    try:
+        v = _asn1.decode(version.module, where, data)
     except E2DecodeError as exc:
         raise E2DecodeError(f"{exc}; {hint}") from exc
     kind, body = v["indicationHeader-formats"]
     if kind != "indicationHeader-Format1":
-        raise E2DecodeError(f"unknown indication header format; {hint}", "E2SM-KPM-IndicationHeader")
-    # Plausibility: the strings are PrintableString, and a misaligned decode reads timestamp or
-    # length octets as characters. asn1tools does not check the alphabet, so check it here.
-    for asn_name, _ in _HEADER_STRINGS:
-        s = body.get(asn_name)
-        if s is not None and not _is_printable(s):
-            raise E2DecodeError(f"{asn_name} {s[:40]!r} is not a PrintableString; {hint}", "E2SM-KPM-IndicationHeader")
-    ts = int.from_bytes(body["colletStartTime"], "big")
-    if not plausible_timestamp(ts, version):
-        raise E2DecodeError(f"colletStartTime {ts:#x} is not a plausible TimeStamp; {hint}", "E2SM-KPM-IndicationHeader")
+        raise E2DecodeError(f"unknown indication header format; {hint}", where)
+    for asn_name, _ in _HEADER_STRINGS:  # before the constructor, whose refusal would not name the cause
+        text = body.get(asn_name)
+        if text is not None and not _is_printable(text):
+            raise E2DecodeError(f"{asn_name} {text[:40]!r} is not a PrintableString; {hint}", where)
     return KpmIndicationHeader(
-        ts,
-        *(body.get(asn_name) for asn_name, _ in _HEADER_STRINGS),
+        int.from_bytes(body["colletStartTime"], "big"), *(body.get(n) for n, _ in _HEADER_STRINGS)
     )
 
 
@@ -786,11 +804,25 @@ def encode_indication_message(obj: KpmIndicationMessage, version: KpmVersion) ->
     if name is None:
         raise E2EncodeError(f"not a KPM indication message: {obj!r}", "E2SM-KPM-IndicationMessage")
     _check_finite_reals(obj)
+    from e2sm import _fast_kpm
+    from e2sm._fast import Unsupported
+
+    try:
+        return _fast_kpm.encode_indication_message(obj, version)  # asn1tools' exact bytes, for validated values
+    except Unsupported:
+        pass
     value = {"indicationMessage-formats": (name, obj.to_asn1())}
     return _asn1.encode(version.module, "E2SM-KPM-IndicationMessage", value)
 
 
 def decode_indication_message(data: bytes, version: KpmVersion) -> KpmIndicationMessage:
+    from e2sm import _fast_kpm  # inside: _fast_kpm imports this module; tests swap the attribute
+    from e2sm._fast import Unsupported
+
+    try:
+        return _fast_kpm.decode_indication_message(data, version)
+    except Unsupported:
+        pass  # any shape the fast reader does not handle: the asn1tools reference decides
     v = _asn1.decode(version.module, "E2SM-KPM-IndicationMessage", data)
     kind, body = v["indicationMessage-formats"]
     cls = _MESSAGE_FORMAT_BY_NAME.get(kind)
