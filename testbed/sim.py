@@ -67,6 +67,7 @@ class SimConfig:
     route_dir: str | None = None
     speed: float = 1.0  # x real time; 0 = as fast as possible
     epoch_unix: float | None = None  # wall time of slot 0 (indication timestamps); default: start time
+    keepalive_s: float | None = 1.0  # E2T health-check interval towards nodes (None: never declare a node lost)
 
 
 def build_scenario(cfg: SimConfig) -> Scenario:
@@ -95,7 +96,7 @@ class Simulation:
         scenario = build_scenario(cfg)
         model = RanModel(scenario, seed=cfg.seed)
         ric = await MiniRic.start(cfg.host, cfg.e2term_port, cfg.submgr_rmr_port, cfg.submgr_http_port,
-                                  cfg.xapps, sdl, cfg.route_dir)
+                                  cfg.xapps, sdl, cfg.route_dir, cfg.keepalive_s)
         nodes: list[NodeShell] = []
         try:
             for nc in node_configs(scenario, cfg.kpm_version, cfg.rc_table, cfg.node_overrides):

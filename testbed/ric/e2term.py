@@ -45,6 +45,8 @@ from .routes import (
 
 log = logging.getLogger("weaver.ric.e2term")
 
+RIC_HEALTH_CHECK_REQ, RIC_HEALTH_CHECK_RESP = 100, 101
+
 KPM_OID_PREFIXES = ("1.3.6.1.4.1.53148.1.2.2", "1.3.6.1.4.1.53148.1.3.2")
 RC_OID = "1.3.6.1.4.1.53148.1.1.2.3"
 
@@ -66,6 +68,7 @@ class E2TermStats:
     error_indications_sent: int = 0
     control_failures_sent: int = 0
     setups: int = 0
+    nodes_lost: int = 0
 
 
 class E2Termination:
@@ -84,6 +87,8 @@ class E2Termination:
         self._submgr = submgr
         self.stats = E2TermStats()
         self._task: asyncio.Task | None = None
+        self._keepalive_task: asyncio.Task | None = None
+        self._last_seen: dict[str, float] = {}
         self._reload()
 
     # -- routing -----------------------------------------------------------------------------------
@@ -117,16 +122,51 @@ class E2Termination:
 
     # -- serving -----------------------------------------------------------------------------------
 
-    def start(self) -> asyncio.Task:
+    def start(self, keepalive_s: float | None = 1.0, misses: int = 3) -> asyncio.Task:
+        """Serve; with `keepalive_s`, also probe every node with an RMR health check (mtype 100) that
+        often and declare it lost after `misses` silent intervals or a failed send (our stand-in for
+        SCTP loss): R-NIB DISCONNECTED, its meid unrouted, submgr then answers 503 for it."""
         self._task = asyncio.ensure_future(self._serve())
+        if keepalive_s is not None:
+            self._keepalive_task = asyncio.ensure_future(self._keepalive(keepalive_s, misses))
         return self._task
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._keepalive_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         for node in self.nodes.values():
             self.rnib.node_disconnected(node)
+
+    def _seen(self, meid: str | None) -> None:
+        if meid is not None:
+            self._last_seen[meid] = asyncio.get_running_loop().time()
+
+    def node_lost(self, meid: str, why: str) -> None:
+        node = self.nodes.pop(meid, None)
+        if node is None:
+            return
+        self._node_addr.pop(meid, None)
+        self._last_seen.pop(meid, None)
+        self._reload()
+        self.rnib.node_disconnected(node)
+        self.stats.nodes_lost += 1
+        log.warning("e2term: lost %s (%s)", meid, why)
+
+    async def _keepalive(self, interval_s: float, misses: int) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval_s)
+            now = loop.time()
+            for meid, addr in list(self._node_addr.items()):
+                if now - self._last_seen.get(meid, now) > misses * interval_s:
+                    self.node_lost(meid, f"silent for {misses} keepalive intervals")
+                    continue
+                try:
+                    await self.ep.wormhole_send(addr, RmrMessage(RIC_HEALTH_CHECK_REQ, b"", meid=meid))
+                except RmrSendError as exc:
+                    self.node_lost(meid, f"unreachable: {exc}")
 
     async def _serve(self) -> None:
         while True:
@@ -141,6 +181,10 @@ class E2Termination:
 
     async def handle(self, msg: RmrMessage) -> None:
         t = msg.mtype
+        if t != RIC_CONTROL_REQ:
+            self._seen(self._node_of(msg))  # anything a node sends proves it is alive
+        if t == RIC_HEALTH_CHECK_RESP:
+            return
         if t == RIC_INDICATION:
             await self._from_node_indication(msg)
         elif t == RIC_E2_SETUP_REQ:
@@ -270,6 +314,7 @@ class E2Termination:
             ip=msg.src.rpartition(":")[0], port=int(msg.src.rpartition(":")[2] or 0))
         self.nodes[name] = node
         self._node_addr[name] = msg.src
+        self._seen(name)
         self._reload()
         self.rnib.node_connected(node)
         self.stats.setups += 1

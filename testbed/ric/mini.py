@@ -50,7 +50,7 @@ class MiniRic:
     @classmethod
     async def start(cls, host: str = "127.0.0.1", e2term_port: int = 0, submgr_rmr_port: int = 0,
                     submgr_http_port: int = 0, xapps: tuple[str, ...] = (), sdl: SDLWrapper | None = None,
-                    route_dir: str | Path | None = None) -> MiniRic:
+                    route_dir: str | Path | None = None, keepalive_s: float | None = 1.0) -> MiniRic:
         sdl = sdl if sdl is not None else SDLWrapper(use_fake_sdl=True)
         e2t_ep = await RmrEndpoint.open(e2term_port, src_id=host, bind_if=host, env={})
         sm_ep = await RmrEndpoint.open(submgr_rmr_port, src_id=host, bind_if=host, env={})
@@ -67,7 +67,7 @@ class MiniRic:
         if route_dir is not None:
             route_file = write_route_table(Path(route_dir) / "xapp.rt", xapp_route_table(e2t_ep.src))
         ric = cls(host, e2term, e2t_ep, submgr, sm_ep, runner, http_port, sdl, route_file, [])
-        ric._tasks.append(e2term.start())
+        ric._tasks.append(e2term.start(keepalive_s))
         ric._tasks.append(asyncio.ensure_future(ric._submgr_rx()))
         return ric
 

@@ -14,8 +14,9 @@ from xapp.rmr import RmrMessage
 from .tiny_xapp import TinyXapp, kpm_action, prb_quota
 
 
-async def _with_sim(body, **cfg):
-    sim = await Simulation.start(SimConfig(n_sites=1, n_cells=2, speed=0, **cfg))
+async def _with_sim(body, n_sites_override: int = 1, **cfg):
+    cfg.setdefault("keepalive_s", 0.1)
+    sim = await Simulation.start(SimConfig(n_sites=n_sites_override, n_cells=2, speed=0, **cfg))
     x = await TinyXapp.start(sim.ric.xapp_route_table)
     try:
         await body(sim, x)
@@ -207,3 +208,33 @@ def test_e2term_survives_random_payloads_on_every_mtype():
         await _still_serves(sim, x)
 
     asyncio.run(_with_sim(body))
+
+
+@pytest.mark.timeout(60)
+def test_lost_node_goes_disconnected_then_503_and_comes_back_on_setup():
+    from ricxappframe.entities.rnib import nb_identity_pb2
+
+    from testbed.e2node.shell import NodeShell
+    from testbed.ric.rnib import read_nodeb
+
+    async def body(sim, x):
+        node = sim.nodes[1]
+        await node.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while read_nodeb(sim.ric.sdl, node.meid).connection_status != nb_identity_pb2.DISCONNECTED:
+            assert loop.time() < deadline, "node never declared lost"
+            await asyncio.sleep(0.05)
+        assert sim.nodes[0].meid in sim.ric.e2term.nodes  # the other node is untouched
+        status, err = await x.post(sim.ric.submgr_url + "/subscriptions",
+                                   x.subscription_body(node.meid, 2, b"\x00\x63", b"\x00"))
+        assert status == 503
+        # The node comes back (new process, new port): E2 setup makes it CONNECTED again.
+        back = await NodeShell.open(node.node.config, sim.model, sim.ric.e2term_address)
+        sim.nodes[1] = back
+        await back.setup()
+        assert read_nodeb(sim.ric.sdl, node.meid).connection_status == nb_identity_pb2.CONNECTED
+        await asyncio.sleep(0.6)  # a few keepalive rounds: answered, so it stays connected
+        assert node.meid in sim.ric.e2term.nodes and sim.ric.e2term.stats.nodes_lost == 1
+
+    asyncio.run(_with_sim(body, n_sites_override=2))
