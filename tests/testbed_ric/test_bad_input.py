@@ -182,7 +182,7 @@ def test_silent_node_gives_e2_timeout_notification_after_retries():
         assert asyncio.get_running_loop().time() - t0 >= 1.9  # two tries of 1 s each
         assert sim.ric.e2term.routes.subscriptions == {}  # the route was withdrawn
 
-    asyncio.run(_with_sim(body))
+    asyncio.run(_with_sim(body, keepalive_s=None))  # no keepalive: the RIC cannot tell the node is gone
 
 
 def test_e2term_survives_random_payloads_on_every_mtype():
