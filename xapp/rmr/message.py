@@ -139,3 +139,18 @@ def new_message(mtype: int, payload: bytes, sub_id: int, meid: str, xaction: byt
                          "src": src, "srcip": srcip, "trace": trace, "call_id": call_id, "call": call,
                          "truncated": truncated, "via": via})
     return m
+
+
+def reply_message(received: RmrMessage, mtype: int | None = None, payload: bytes | None = None) -> RmrMessage:
+    """The message an rts of `received` sends (§7): xid, meid, sub_id, trace and call-id kept, call flag
+    cleared, mtype/payload replaced when given. Checks only the new fields (the rest are already valid)."""
+    if mtype is None:
+        mtype = received.mtype
+    elif not INT32_MIN <= mtype <= INT32_MAX:
+        raise RmrEncodeError(f"mtype {mtype} is not a signed 32-bit integer")
+    if payload is None:
+        payload = received.payload
+    elif not isinstance(payload, bytes):
+        payload = bytes(payload)
+    return new_message(mtype, payload, received.sub_id, received.meid, received.xaction, received.src,
+                       received.srcip, received.trace, received.call_id, False, False, None)
