@@ -66,25 +66,6 @@ class NodeStats:
     quotas_applied: list = field(default_factory=list)
 
 
-def _encode_header(hdr: kpm.KpmIndicationHeader, version: kpm.KpmVersion) -> bytes:
-    # The hot path: e2sm's pure-Python writers (asn1tools' exact bytes); asn1tools for anything they refuse.
-    from e2sm import _fast, _fast_kpm
-
-    try:
-        return _fast_kpm.encode_indication_header(hdr, version)
-    except _fast.Unsupported:
-        return kpm.encode_indication_header(hdr, version)
-
-
-def _encode_message(msg: kpm.IndicationMessageFormat1, version: kpm.KpmVersion) -> bytes:
-    from e2sm import _fast, _fast_kpm
-
-    try:
-        return _fast_kpm.encode_indication_message(msg, version)
-    except _fast.Unsupported:
-        return kpm.encode_indication_message(msg, version)
-
-
 def _cause(value: str, group: str = "ricRequest") -> e2ap.Cause:
     return e2ap.Cause(group, value)
 
@@ -228,13 +209,13 @@ class E2Node:
             return out
         stamp = collect_start_ntp if self.version is kpm.KpmVersion.V3_00 else collect_start_ntp >> 32
         # senderName is a PrintableString: no '_' allowed, so not the inventory name itself.
-        header = _encode_header(kpm.KpmIndicationHeader(
+        header = kpm.encode_indication_header(kpm.KpmIndicationHeader(
             collect_start_time=stamp, file_format_version="1.0", sender_name=f"gNB-DU {self.config.node_gnb_id}",
             sender_type="DU", vendor_name=self.config.vendor[:32]), self.version)
         for sub in due:
             sub.due_ms = now_ms + sub.period_ms
             for action_id, fmt in sub.actions:
-                message = _encode_message(self._report(m, fmt), self.version)
+                message = kpm.encode_indication_message(self._report(m, fmt), self.version)
                 ind = e2ap.RicIndication(sub.request_id, self.config.kpm_function_id, action_id, header, message,
                                          sn=sub.sn)
                 sub.sn = (sub.sn + 1) % 65536
