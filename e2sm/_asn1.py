@@ -104,9 +104,12 @@ def decode(module: str, type_name: str, data: bytes) -> Any:
         raise E2DecodeError("nesting too deep", where) from None
     except Exception as exc:  # asn1tools raises many types (DecodeError, IndexError, KeyError...)
         raise E2DecodeError(f"{_describe(exc)} after {decoder.number_of_read_bits()} bits", where) from exc
-    used = (decoder.number_of_read_bits() + 7) // 8
+    bits = decoder.number_of_read_bits()
+    used = (bits + 7) // 8
     if used != len(data):
         raise E2DecodeError(f"{len(data) - used} trailing bytes after a {used}-byte value", where)
+    if bits % 8 and data[-1] & ((1 << (8 - bits % 8)) - 1):
+        raise E2DecodeError("non-zero padding bits after the value", where)
     return value
 
 

@@ -170,3 +170,15 @@ def test_deep_rc_nesting_is_an_error_not_a_crash():
         rc.decode_control_message(nested)
     with pytest.raises(e2sm.E2DecodeError, match="too deep"):
         e2sm.decode_json("rc-v1.03:E2SM-RC-ControlMessage", nested)
+
+
+def test_non_zero_final_padding_is_refused():
+    msg = kpm.IndicationMessageFormat1(((None, None),))
+    data = kpm.encode_indication_message(msg, V3)
+    assert data[-1] & 0x03 == 0  # two 3-bit noValue items leave two padding bits
+    assert kpm.decode_indication_message(data, V3) == msg
+    bad = data[:-1] + bytes([data[-1] | 0x01])
+    with pytest.raises(e2sm.E2DecodeError, match="padding"):
+        kpm.decode_indication_message(bad, V3)
+    with pytest.raises(e2sm.E2DecodeError, match="padding"):
+        e2sm.decode_json("kpm-v3.00:E2SM-KPM-IndicationMessage", bad)
