@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KPM_VERSIONS = ("v3.00", "v2.03")
-RC_TABLES = ("srsran", "oai")
+RC_TABLES = ("srsran", "oai", "oai-gnb")  # oai-gnb: flat layout, ASCII values (the OAI gNB parser)
 
 
 class NodeConfigError(ValueError):
@@ -23,7 +23,7 @@ class NodeConfig:
 
     `kpm_version` picks the KPM module (and OID) the node advertises and encodes with; `rc_table` picks
     the RC parameter-ID table of its RC RAN function definition and of the controls it accepts
-    (srsRAN/OSC spec numbering or OAI/FlexRIC), because real nodes differ (e2-facts §3, §4).
+    (srsRAN/OSC spec numbering, OAI/FlexRIC, or OAI's gNB wire form), because real nodes differ (e2-facts §3, §4).
     """
 
     site: int

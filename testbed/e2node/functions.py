@@ -37,7 +37,7 @@ def kpm_description(config: NodeConfig) -> kpm.KpmRanFunctionDescription:
 def rc_ids(config: NodeConfig):
     from e2sm import rc
 
-    return rc.SRSRAN_IDS if config.rc_table == "srsran" else rc.OAI_IDS
+    return {"srsran": rc.SRSRAN_IDS, "oai": rc.OAI_IDS, "oai-gnb": rc.OAI_GNB_IDS}[config.rc_table]
 
 
 def rc_definition_bytes(config: NodeConfig) -> bytes:

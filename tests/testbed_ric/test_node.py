@@ -155,3 +155,17 @@ def test_fuzz_mutated_valid_pdus(which, data):
     cut = data.draw(st.integers(0, len(raw)))
     node, _ = _node()
     _check_replies(node.receive(12040 if which else 12010, bytes(raw[:cut] if data.draw(st.booleans()) else raw)))
+
+
+@pytest.mark.parametrize("table,ids", [("srsran", rc.SRSRAN_IDS), ("oai", rc.OAI_IDS), ("oai-gnb", rc.OAI_GNB_IDS)])
+def test_each_rc_table_accepts_its_own_form_and_refuses_the_others(table, ids):
+    node, model = _node(rc_table=table)
+    definition = rc.decode_ran_function_definition(
+        next(f.definition for f in e2ap.decode_e2ap(node.setup_request().payload).ran_functions if f.oid == rc.RC_OID))
+    assert rc.resolve_prb_quota_ids(definition, fallback=table) == ids
+    hdr = rc.encode_control_header(rc.RcControlHeader(2, 6))
+    for n, other in enumerate((rc.SRSRAN_IDS, rc.OAI_IDS, rc.OAI_GNB_IDS)):
+        msg = rc.encode_control_message(rc.build_prb_quota_control([rc.SliceQuota("00101", 1, 2, 0, 30 + n, 0)], other))
+        [out] = node.receive(12040, e2ap.encode_e2ap(e2ap.RicControlRequest(e2ap.RicRequestId(1, n), 3, hdr, msg)))
+        assert out.mtype == (12041 if other == ids else 12042), (table, n)
+    assert model.quota[0, 0, 1].tolist() == [0.0, (30 + [rc.SRSRAN_IDS, rc.OAI_IDS, rc.OAI_GNB_IDS].index(ids)) / 100, 0.0]
