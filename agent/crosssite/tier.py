@@ -313,3 +313,18 @@ class CrossSiteTier:
             self.manager.shutdown(wait=False)
             self.manager = None
         self._store = None
+
+
+def lease_stream_callbacks(client) -> tuple[Callable[[TransferPlan], None], Callable[[RoundRecord], None]]:
+    """(on_transfer_plan, on_round) that forward to the agent's lease client, i.e. upstream to the xApp.
+
+    RoundReport.wait_ms carries all the time the round spent blocked on other sites (quorum + the
+    end-of-round barrier); the split stays in the RoundRecord.
+    """
+    def plan(p: TransferPlan) -> None:
+        client.send_transfer_plan(p.round, p.bytes, p.deadline_unix_ms, p.workers)
+
+    def done(r: RoundRecord) -> None:
+        client.send_round_report(r.round, r.committed, r.participants, r.tokens, r.bytes_sent,
+                                 r.wall_ms, r.quorum_ms + r.wait_ms)
+    return plan, done

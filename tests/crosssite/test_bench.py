@@ -1,0 +1,65 @@
+"""Budget traces, their integrals, and a short `weaver bench training` run (virtual time: the result
+is deterministic, so comparing modes here is not a timing assertion)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.crosssite import bench
+from agent.crosssite.traces import Capacity, TraceSpec, budget_traces
+
+pytestmark = pytest.mark.agent
+
+
+def test_traces_are_seeded_bounded_and_bursty():
+    a = budget_traces(TraceSpec(seed=3))
+    assert torch.equal(a, budget_traces(TraceSpec(seed=3)))
+    assert not torch.equal(a, budget_traces(TraceSpec(seed=4)))
+    assert a.shape == (3, 1200) and float(a.min()) >= 0 and float(a.max()) <= 1
+    assert all(0.05 < float((row == 0).double().mean()) < 0.8 for row in a)   # RAN surges take the GPU
+    with pytest.raises(ValueError):
+        TraceSpec(sites=0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats(0, 50), st.floats(0.001, 5))
+def test_finish_inverts_work(t0, work):
+    cap = Capacity(budget_traces(TraceSpec(duration_s=60, seed=1)), 0.05)
+    for site in range(3):
+        t1 = cap.finish(site, t0, work)
+        if math.isinf(t1):
+            assert cap.work(site, t0, cap.end_s) < work + 1e-9
+        else:
+            assert t1 >= t0 and cap.work(site, t0, t1) == pytest.approx(work, abs=1e-9)
+
+
+def test_loss_at_tokens_interpolates():
+    curve = [(0, 0, 4.0), (1, 100, 3.0), (2, 300, 2.0)]
+    assert bench.loss_at_tokens(curve, 50) == pytest.approx(3.5)
+    assert bench.loss_at_tokens(curve, 200) == pytest.approx(2.5)
+    assert math.isnan(bench.loss_at_tokens(curve, 400))
+
+
+def test_bench_compares_the_three_modes_on_the_same_traces(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert bench.main(["--duration-s", "10", "--round-s", "1.0", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "lockstep" in table and "weaver" in table and "x" in table
+    res = json.loads(out.read_text())
+    modes = res["modes"]
+    assert set(modes) == {"lockstep", "diloco", "weaver"}
+    for m in modes.values():
+        assert {"committed_tokens_per_s", "final_val_loss", "val_loss_at_equal_tokens", "budget_utilisation"} <= set(m)
+    # Same traces, same capacity: the time-boxed rounds never wait, lockstep waits for the worst site.
+    assert res["weaver_vs_lockstep_tokens_ratio"] > 1.0
+    assert modes["weaver"]["waiting_share_of_budget"] == 0.0 < modes["lockstep"]["waiting_share_of_budget"]
+    assert modes["weaver"]["final_val_loss"] < res["curves"]["weaver"][0][2]   # it learned
+
+
+def test_bench_refuses_a_partial_comparison(capsys):
+    assert bench.main(["--modes", "weaver"]) == 2
