@@ -16,6 +16,7 @@ from xapp.rmr import (
     RmrSendError,
     RmrState,
     encode_frame,
+    parse_port,
 )
 
 ENV: dict[str, str] = {}
@@ -307,3 +308,29 @@ def test_health_check_with_odd_src_is_answered_on_the_socket(run, src):
         return reply
     reply = run(body())
     assert (reply.mtype, reply.payload) == (101, b"OK\n")
+
+
+def test_unhealthy_endpoint_answers_err(run):
+    async def body():
+        ep = await endpoint()
+        conn = await raw_connect(ep.port)
+        ep.health_status = lambda: "sdl unreachable"
+        await conn.send(build_frame(100, b""))
+        bad, _ = await conn.frame()
+        ep.health_status = lambda: 1 / 0
+        await conn.send(build_frame(100, b""))
+        broken, _ = await conn.frame()
+        ep.health_status = lambda: None
+        await conn.send(build_frame(100, b""))
+        good, _ = await conn.frame()
+        await ep.close()
+        conn.close()
+        return bad, broken, good
+    bad, broken, good = run(body())
+    assert bad.payload == b"ERR sdl unreachable\n" and broken.payload.startswith(b"ERR health check raised")
+    assert good.payload == b"OK\n"
+
+
+@pytest.mark.parametrize("text,port", [("4560", 4560), ("tcp:4561", 4561), (":4562", 4562), (4563, 4563)])
+def test_port_forms_rmr_init_accepts(text, port):
+    assert parse_port(text) == port

@@ -218,3 +218,19 @@ def test_multi_megabyte_frame_in_small_reads():
         f.receive_data(frame[i:i + 65536])
         got += drain(f)
     assert [m.mtype for m in got] == [2, 3] and got[0].payload == payload and f.buffered == 0
+
+
+def test_rmr_get_consts_json_matches_c():
+    """§12: same keys, values and order as C's rmr_get_consts(); NOTSUPP is not in it."""
+    import json
+
+    from xapp.rmr.message import rmr_consts_json
+    text = rmr_consts_json()
+    assert text.startswith("{ ") and text.endswith(" }") and ", " not in text
+    left = [("RMR_MAX_XID", 32), ("RMR_MAX_SID", 32), ("RMR_MAX_MEID", 32), ("RMR_MAX_SRC", 64),
+            ("RMR_MAX_RCV_BYTES", 2048), ("RMRFL_NONE", 0), ("RMRFL_AUTO_ALLOC", 3), ("RMRFL_MTCALL", 2),
+            ("RMR_DEF_SIZE", 0), ("RMR_VOID_MSGTYPE", -1), ("RMR_VOID_SUBID", -1), ("RMR_OK", 0)]
+    right = [(f"RMR_ERR_{n}", i) for i, n in enumerate(
+        "BADARG NOENDPT EMPTY NOHDR SENDFAILED CALLFAILED NOWHOPEN WHID OVERFLOW RETRY RCVFAILED TIMEOUT UNSET "
+        "TRUNC INITFAILED".split(), start=1)]
+    assert list(json.loads(text).items()) == left + right

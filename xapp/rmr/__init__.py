@@ -3,6 +3,7 @@
 `RmrFramer` is the sans-IO codec, `RmrEndpoint` the asyncio endpoint, `Router`/`RouteParser` the route
 table, `open_backend` the `python | native` switch. `python -m xapp.rmr` is the operator CLI.
 """
+from .backend import BACKENDS, NativeUnavailable, RmrBackend, open_backend
 from .endpoint import RmrEndpoint, parse_port
 from .framer import NEED_DATA, RmrFramer, decode_frame, encode_frame
 from .message import (
@@ -14,11 +15,16 @@ from .message import (
     RmrMessage,
     RmrSendError,
     RmrState,
+    reply_message,
+    rmr_consts_json,
 )
 from .routes import RouteEntry, RouteParser, Router, RouteTable, RouteTableError, parse_route_table
 
 __all__ = [
+    "BACKENDS",
     "NEED_DATA",
+    "NativeUnavailable",
+    "RmrBackend",
     "Mtype",
     "RmrClosedError",
     "RmrEncodeError",
@@ -37,5 +43,8 @@ __all__ = [
     "decode_frame",
     "encode_frame",
     "parse_port",
+    "open_backend",
     "parse_route_table",
+    "reply_message",
+    "rmr_consts_json",
 ]

@@ -254,6 +254,8 @@ class RmrEndpoint:
         self.queue_size = queue_size
         self.connect_timeout = connect_timeout
         self.health_check = health_check
+        # None or a function returning None (healthy) or a reason: the reply is then `ERR <reason>` (§10)
+        self.health_status: Callable[[], str | None] | None = None
         self.clock = clock
         self.backoff_range = backoff
         self.stats = EndpointStats()
@@ -450,8 +452,16 @@ class RmrEndpoint:
             await asyncio.sleep(every_s)
 
     async def _answer_health(self, msg: RmrMessage) -> None:
+        payload = HEALTH_OK
+        if self.health_status is not None:
+            try:
+                reason = self.health_status()
+            except Exception as exc:  # a failing health function is itself a health problem
+                reason = f"health check raised {type(exc).__name__}"
+            if reason is not None:
+                payload = f"ERR {reason}\n".encode("utf-8", "replace")
         try:
-            await self.rts(msg, Mtype.HEALTH_CHECK_RESP, HEALTH_OK)
+            await self.rts(msg, Mtype.HEALTH_CHECK_RESP, payload)
         except RmrSendError as exc:
             log.info("rmr: health check reply to %s failed: %s", msg.src, exc)
 

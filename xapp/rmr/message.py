@@ -36,6 +36,19 @@ class RmrState(enum.IntEnum):
     INITFAILED = 15
 
 
+_CONST_KEYS = ("RMR_MAX_XID", "RMR_MAX_SID", "RMR_MAX_MEID", "RMR_MAX_SRC", "RMR_MAX_RCV_BYTES", "RMRFL_NONE",
+               "RMRFL_AUTO_ALLOC", "RMRFL_MTCALL", "RMR_DEF_SIZE", "RMR_VOID_MSGTYPE", "RMR_VOID_SUBID")
+_CONST_VALUES = (32, 32, 32, 64, 2048, 0, 3, 2, 0, -1, -1)
+
+
+def rmr_consts_json() -> str:
+    """The string C's `rmr_get_consts()` returns (§12): keys in its order, `"K": v` joined by `,`.
+    RMR_ERR_NOTSUPP (16) is not part of it."""
+    pairs = list(zip(_CONST_KEYS, _CONST_VALUES, strict=True)) + [
+        ("RMR_OK" if s == RmrState.OK else f"RMR_ERR_{s.name}", int(s)) for s in RmrState]
+    return "{ " + ",".join(f'"{k}": {v}' for k, v in pairs) + " }"
+
+
 class Mtype(enum.IntEnum):
     """RIC message types used in Weaver (`RIC_message_types.h`, §13)."""
 
