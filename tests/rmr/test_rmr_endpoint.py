@@ -334,3 +334,18 @@ def test_unhealthy_endpoint_answers_err(run):
 @pytest.mark.parametrize("text,port", [("4560", 4560), ("tcp:4561", 4561), (":4562", 4562), (4563, 4563)])
 def test_port_forms_rmr_init_accepts(text, port):
     assert parse_port(text) == port
+
+
+def test_endpoint_names_compare_as_strings(run):
+    """§7: localhost:P and 127.0.0.1:P are two endpoints, two connections."""
+    async def body():
+        a, b = await endpoint(), await endpoint()
+        a.load_route_table(f"newrt|start\nrte|1|localhost:{b.port};127.0.0.1:{b.port}\nnewrt|end\n")
+        await a.send(RmrMessage(1))
+        await b.receive(5)
+        await b.receive(5)
+        names = (a.connected(f"localhost:{b.port}"), a.connected(f"127.0.0.1:{b.port}"), a.stats.dials)
+        await a.close()
+        await b.close()
+        return names
+    assert run(body()) == (True, True, 2)
