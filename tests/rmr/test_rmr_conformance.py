@@ -1,8 +1,21 @@
 """The interop checklist of `shared/design/rmr-wire.md` §15, one test per bullet (test_cNN = bullet NN).
 
-Bullets marked (C) also call for a run against the reference C library or ricxappframe; those parts live
-in `test_native.py` and skip with a reason when `librmr_si.so` is absent. Here each bullet's Python side
-runs over loopback (real sockets, our endpoint, raw TCP peers that see the exact bytes).
+| # | bullet (short) | Python side (this file) | (C) part (test_rmr_native.py) |
+|---|---|---|---|
+| 1-5 | §4 frame decodes; garbage 9..49; BE word/'$' ignored; every split; batching | test_c01..c05 | - |
+| 6 | 300 KB payload | test_c06 (Python<->Python) | test_c06_300kb_python_c |
+| 7-12 | trace; d1/xid garbage echoed; absurd L; plen clamp; encoder bytes; defaults | test_c07..c12 | - |
+| 13 | RMRXapp receives our fields | test_c13 (offsets C reads) | test_c13_ricxappframe_... |
+| 14 | RTS dials live src on a new connection | test_c14 | test_c14_c_rts_dials_src_... |
+| 15-18 | RTS fallbacks; dialled sockets read; redial; src/srcip | test_c15..c18 | - |
+| 19 | call flag + d1 echo | test_c19 | test_c19_c_reply_to_our_call_frame |
+| 20 | our call() matching | test_c20 | - |
+| 21 | health check 100 -> 101 OK | test_c21 | test_c21_our_health_check_... |
+| 22-27 | rr vs fan-out; %meid; sub_id fallback; filters/self; bad count; comments/half tables | test_c22..c27 | - |
+
+The (C) tests need `librmr_si.so` (loaded by ricxappframe) and skip with the loader's reason where it is
+absent. Everything here runs over loopback (real sockets, our endpoint, raw TCP peers that see the exact
+bytes).
 """
 from __future__ import annotations
 
