@@ -48,11 +48,33 @@ class Outgoing:
     payload: bytes
 
 
+@dataclass(frozen=True)
+class ReportPlan:
+    """One admitted action, prepared once: the measInfoList it reports (one entry per (name, label), so
+    record item i belongs to entry i unambiguously) and what to measure for each entry."""
+
+    action_id: int
+    cell: int | None
+    granul_period_ms: int
+    infos: tuple[kpm.MeasInfo, ...]
+    specs: tuple[tuple[str, tuple[int, int | None] | None], ...]
+
+    @classmethod
+    def of(cls, action_id: int, fmt: kpm.ActionDefFormat1, node: NodeConfig) -> ReportPlan:
+        cell = None if fmt.cell_global_id is None else node.cell_of(fmt.cell_global_id.cell_id)
+        infos, specs = [], []
+        for meas in fmt.meas:
+            for label in meas.labels:
+                infos.append(kpm.MeasInfo(meas.name, (label,)))
+                specs.append((str(meas.name), None if label.snssai is None else (label.snssai.sst, label.snssai.sd)))
+        return cls(action_id, cell, fmt.granul_period_ms, tuple(infos), tuple(specs))
+
+
 @dataclass
 class NodeSubscription:
     request_id: e2ap.RicRequestId
     period_ms: int
-    actions: tuple[tuple[int, kpm.ActionDefFormat1], ...]
+    actions: tuple[ReportPlan, ...]
     due_ms: float = 0.0
     sn: int = 0
 
@@ -152,7 +174,8 @@ class E2Node:
                 admitted.append((action.action_id, fmt))
         if not admitted:
             return self._sub_failure(req, refused[0][1] if refused else _cause("action-not-supported"))
-        self.subscriptions[key] = NodeSubscription(req.request_id, trigger.period_ms, tuple(admitted))
+        plans = tuple(ReportPlan.of(a, fmt, self.config) for a, fmt in admitted)
+        self.subscriptions[key] = NodeSubscription(req.request_id, trigger.period_ms, plans)
         return Outgoing(SUB_RESP, e2ap.encode_e2ap(e2ap.RicSubscriptionResponse(
             req.request_id, req.ran_function_id, tuple(a for a, _ in admitted), tuple(refused))))
 
@@ -214,24 +237,16 @@ class E2Node:
             sender_type="DU", vendor_name=self.config.vendor[:32]), self.version)
         for sub in due:
             sub.due_ms = now_ms + sub.period_ms
-            for action_id, fmt in sub.actions:
-                message = kpm.encode_indication_message(self._report(m, fmt), self.version)
-                ind = e2ap.RicIndication(sub.request_id, self.config.kpm_function_id, action_id, header, message,
+            for plan in sub.actions:
+                message = kpm.encode_indication_message(self._report(m, plan), self.version)
+                ind = e2ap.RicIndication(sub.request_id, self.config.kpm_function_id, plan.action_id, header, message,
                                          sn=sub.sn)
                 sub.sn = (sub.sn + 1) % 65536
                 out.append(Outgoing(INDICATION, e2ap.encode_e2ap(ind)))
         self.stats.indications += len(out)
         return out
 
-    def _report(self, m: SiteMeasurements, fmt: kpm.ActionDefFormat1) -> kpm.IndicationMessageFormat1:
-        cell = None if fmt.cell_global_id is None else self.config.cell_of(fmt.cell_global_id.cell_id)
-        infos: list[kpm.MeasInfo] = []
-        values: list[int | float | None] = []
-        # One measInfo entry per (name, label), so record item i belongs to measInfo entry i unambiguously.
-        for meas in fmt.meas:
-            for label in meas.labels:
-                snssai = None if label.snssai is None else (label.snssai.sst, label.snssai.sd)
-                infos.append(kpm.MeasInfo(meas.name, (label,)))
-                values.append(measure(m, self.config.slices, str(meas.name), snssai, cell))
-        return kpm.IndicationMessageFormat1(records=(tuple(values),), meas_info=tuple(infos),
-                                            granul_period_ms=fmt.granul_period_ms)
+    def _report(self, m: SiteMeasurements, plan: ReportPlan) -> kpm.IndicationMessageFormat1:
+        values = tuple(measure(m, self.config.slices, name, snssai, plan.cell) for name, snssai in plan.specs)
+        return kpm.IndicationMessageFormat1(records=(values,), meas_info=plan.infos,
+                                            granul_period_ms=plan.granul_period_ms)
