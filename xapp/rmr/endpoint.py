@@ -295,6 +295,8 @@ class RmrEndpoint:
         pushes (mtype 20 records, acknowledged with mtype 22); `<host:port>`, also ask that route manager for a
         table (mtype 21, every RMR_RTREQ_FREQ seconds, default 5) until one commits.
         """
+        if queue_size < 1:
+            raise ValueError("queue_size must be at least 1")
         env = os.environ if env is None else env
         loop = asyncio.get_running_loop()
         route_table = route_table if route_table is not None else (env.get("RMR_SEED_RT") or None)
@@ -552,6 +554,9 @@ class RmrEndpoint:
                 self.connect_timeout)
         except (TimeoutError, OSError, ValueError, OverflowError) as exc:  # ValueError: bad IDNA names
             self.stats.dial_failures += 1
+            if len(self._backoff) >= 1024:  # peers choose the names rts dials: keep this bounded
+                now = self.clock()
+                self._backoff = {k: v for k, v in self._backoff.items() if v.next_try > now}
             b = self._backoff.setdefault(name, _Backoff())
             first, cap = self.backoff_range
             b.next_try = self.clock() + min(cap, first * (2 ** b.failures))
