@@ -89,9 +89,16 @@ class E2Termination:
         self._task: asyncio.Task | None = None
         self._keepalive_task: asyncio.Task | None = None
         self._last_seen: dict[str, float] = {}
+        self._addr_index: dict[str, str] | None = None
         self._reload()
 
     # -- routing -----------------------------------------------------------------------------------
+
+    @property
+    def _addr_node(self) -> dict[str, str]:
+        if self._addr_index is None:
+            self._addr_index = {addr: name for name, addr in self._node_addr.items()}
+        return self._addr_index
 
     @property
     def routes(self) -> RicRoutes:
@@ -99,6 +106,7 @@ class E2Termination:
                          subscriptions=dict(self._subs))
 
     def _reload(self) -> None:
+        self._addr_index = None  # node addresses may have changed
         notes = self.ep.load_route_table(e2term_route_table(self.routes))
         if not self.ep.ready:
             raise RuntimeError(f"E2T route table did not commit: {notes}")
@@ -214,10 +222,7 @@ class E2Termination:
         meid = msg.meid
         if meid in self.nodes and self._node_addr.get(meid) in (msg.src, msg.srcip):
             return meid
-        for name, addr in self._node_addr.items():
-            if addr in (msg.src, msg.srcip):
-                return name
-        return None
+        return self._addr_node.get(msg.src) or self._addr_node.get(msg.srcip)
 
     async def _from_node_indication(self, msg: RmrMessage) -> None:
         meid = self._node_of(msg)

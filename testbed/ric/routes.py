@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,10 +138,3 @@ def write_route_table(path: str | os.PathLike, text: str) -> Path:
         raise
     return path
 
-
-def all_endpoints(routes: RicRoutes) -> Iterable[str]:
-    """Every endpoint a table for `routes` names (for diagnostics)."""
-    yield routes.submgr
-    yield from routes.xapps
-    yield from routes.nodes.values()
-    yield from routes.subscriptions.values()

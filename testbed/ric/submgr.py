@@ -17,7 +17,6 @@ Every bad request gets a 4xx with a JSON body `{"error": "..."}` and changes not
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -362,6 +361,3 @@ def build_app(manager: SubscriptionManager, max_body: int = 1 << 20) -> web.Appl
     app.router.add_get("/ric/v1/health/ready", alive)
     return app
 
-
-def dumps(obj) -> str:
-    return json.dumps(obj, separators=(",", ":"))
