@@ -86,17 +86,27 @@ class SiteDecision:
     wanted_sms: int | None = None  # what E would be without hysteresis (weaver), for the hold count
 
 
+_SERIES = ("demand_mean", "demand_max", "offered_mean", "offered_max", "nondeferrable_max", "be_delay_ms")
+
+
 @dataclass
 class SiteHistory:
-    """The policy's memory for one site: recent observations and decisions (bounded)."""
+    """The policy's memory for one site: recent observations and decisions (bounded), plus the numeric
+    fields policies read as ready-made float series (None kept as NaN) so that a decision costs O(window)
+    in C, not in Python."""
 
     maxlen: int = 600
     observations: deque = field(default_factory=deque)
     decisions: deque = field(default_factory=deque)
+    _series: dict = field(default_factory=dict, repr=False)
 
     def record(self, obs: SiteObservation, decision: SiteDecision) -> None:
         self.observations.append(obs)
         self.decisions.append(decision)
+        for name in _SERIES:
+            q = self._series.setdefault(name, deque(maxlen=self.maxlen))
+            v = getattr(obs, name)
+            q.append(np.nan if v is None else float(v))
         while len(self.observations) > self.maxlen:
             self.observations.popleft()
             self.decisions.popleft()
@@ -107,8 +117,20 @@ class SiteHistory:
 
     def series(self, name: str, n: int | None = None) -> np.ndarray:
         """Recent values of one observation field (None dropped), oldest first."""
+        if name in _SERIES:
+            q = self._series.get(name, ())
+            x = np.fromiter(q, dtype=float, count=len(q))
+            if n:
+                x = x[-n:]
+            return x[~np.isnan(x)]
         obs = list(self.observations)[-n:] if n else self.observations
         return np.array([v for o in obs if (v := getattr(o, name)) is not None], dtype=float)
+
+
+def _quantile(x, q: float) -> float:
+    """Nearest-rank-above quantile of a small sample (np.quantile's overhead dominates at this size)."""
+    s = sorted(x)
+    return float(s[min(len(s) - 1, int(math.ceil(q * (len(s) - 1))))])
 
 
 class Policy(Protocol):
@@ -236,7 +258,7 @@ class WeaverPolicy:
         if not len(mean):
             mean = np.append(history.series("demand_mean", self.window_periods), obs.demand_mean or 0.0)
         recent = mean[-max(1, int(round(1.0 / obs.period_s))):]  # last second: follows Markov surges
-        e_drain = float(np.quantile(recent, 0.99)) / self.drain_utilisation
+        e_drain = _quantile(recent, 0.99) / self.drain_utilisation
         want = ceil_to(max(e_tail, e_drain), g)
         why = f"tail {e_tail:.1f} drain {e_drain:.1f}"
         last = history.last
@@ -278,7 +300,7 @@ class WeaverPolicy:
         base = float(tail.max())
         recent = [o.be_prb_per_cell for o in list(history.observations)[-max(1, int(round(1.0 / obs.period_s))):]]
         loads = [max(x, default=0.0) for x in recent + [obs.be_prb_per_cell]]
-        need = float(np.quantile(loads, 0.9)) / self.drain_utilisation
+        need = _quantile(loads, 0.9) / self.drain_utilisation
         k = (env - base) / (obs.n_cells * per_prb)
         if k < need:
             env = ceil_to(base + obs.n_cells * need * per_prb, obs.granularity)

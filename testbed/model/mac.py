@@ -23,13 +23,19 @@ import numpy as np
 def lindley(x: np.ndarray, q0: np.ndarray) -> np.ndarray:
     """Queue after each slot of q_t = max(q_{t-1} + x_t, 0) along axis 0, starting from q0."""
     s = np.cumsum(x, axis=0)
-    return s - np.minimum(np.minimum.accumulate(s, axis=0), -q0)
+    m = np.minimum.accumulate(s, axis=0)
+    np.minimum(m, -np.asarray(q0), out=m)
+    s -= m
+    return s
 
 
 def served_from(q: np.ndarray, q0: np.ndarray, a: np.ndarray) -> np.ndarray:
     """What left the queue in each slot: q_{t-1} + a_t - q_t (clipped at float noise)."""
-    prev = np.concatenate([q0[None], q[:-1]], axis=0)
-    return np.maximum(prev + a - q, 0.0)
+    out = a - q
+    out[0] += q0
+    out[1:] += q[:-1]
+    np.maximum(out, 0.0, out=out)
+    return out
 
 
 @dataclass(frozen=True)
@@ -50,19 +56,24 @@ def schedule_cells(a: np.ndarray, cap_prb: np.ndarray, bpp: np.ndarray, quota: n
     slot is of the other direction); bpp (T,S,C) bytes per PRB; quota (S,C,2,3) = (min, max,
     dedicated) fractions; q0 (S,C,2) queues at period start."""
     qmin, qmax, qded = quota[..., 0], quota[..., 1], quota[..., 2]
+    served = np.empty_like(a)
+    queue = np.empty_like(a)
+    capacity = np.empty_like(a)
     # Protected: up to its max, never into best-effort's dedicated or min share.
-    cap_p = cap_prb * np.minimum(qmax[..., 0], 1.0 - np.maximum(qded[..., 1], qmin[..., 1]))
-    cap_p_bytes = cap_p * bpp
-    q_p = lindley(a[..., 0] - cap_p_bytes, q0[..., 0])
-    served_p = served_from(q_p, q0[..., 0], a[..., 0])
-    prb_p = served_p / bpp
+    np.multiply(cap_prb * np.minimum(qmax[..., 0], 1.0 - np.maximum(qded[..., 1], qmin[..., 1])), bpp,
+                out=capacity[..., 0])
+    queue[..., 0] = lindley(a[..., 0] - capacity[..., 0], q0[..., 0])
+    served[..., 0] = served_from(queue[..., 0], q0[..., 0], a[..., 0])
+    prb_p = served[..., 0] / bpp
     # Best-effort: up to its max, in what the protected slice left (its dedicated PRBs stay out of reach).
-    cap_b = np.maximum(np.minimum(cap_prb * qmax[..., 1], cap_prb - np.maximum(prb_p, cap_prb * qded[..., 0])), 0.0)
-    q_b = lindley(a[..., 1] - cap_b * bpp, q0[..., 1])
-    served_b = served_from(q_b, q0[..., 1], a[..., 1])
-    headroom = np.maximum(cap_b - served_b / bpp, 0.0)
-    return SliceSchedule(served=np.stack([served_p, served_b], axis=-1), queue=np.stack([q_p, q_b], axis=-1),
-                         capacity=np.stack([cap_p_bytes, cap_b * bpp], axis=-1), be_headroom_prb=headroom)
+    cap_b = np.minimum(cap_prb * qmax[..., 1], cap_prb - np.maximum(prb_p, cap_prb * qded[..., 0]))
+    np.maximum(cap_b, 0.0, out=cap_b)
+    np.multiply(cap_b, bpp, out=capacity[..., 1])
+    queue[..., 1] = lindley(a[..., 1] - capacity[..., 1], q0[..., 1])
+    served[..., 1] = served_from(queue[..., 1], q0[..., 1], a[..., 1])
+    cap_b -= served[..., 1] / bpp
+    np.maximum(cap_b, 0.0, out=cap_b)
+    return SliceSchedule(served=served, queue=queue, capacity=capacity, be_headroom_prb=cap_b)
 
 
 @dataclass

@@ -172,15 +172,16 @@ class RanModel:
         kd, ku = cd.work_per_byte, cu.work_per_byte
         n_cells = sc.n_cells
         # Non-deferrable SMs: fixed per-slot costs of every cell + the protected slice.
-        fixed_dl = (dl_frac > 0) * n_cells * cd.a / cd.budget_us
-        ul_at_u = is_u * n_cells * cu.a / cu.budget_us + ku * ul.served[..., 0].sum(axis=2) / cu.budget_us
-        nondef = fixed_dl + kd * dl.served[..., 0].sum(axis=2) / cd.budget_us + ul_spill(ul_at_u)
-        be_dl_work = kd * dl.served[..., 1]  # (T,S,C) SM*us offered to the compute stage
-        be_ul_work = ku * ul.served[..., 1]
-        offered = nondef + be_dl_work.sum(axis=2) / cd.budget_us + ul_spill(be_ul_work.sum(axis=2) / cu.budget_us)
+        site_dl = dl.served.sum(axis=2)  # (T,S,2) bytes per site and slice
+        site_ul = ul.served.sum(axis=2)
+        fixed_dl = (dl_frac > 0) * (n_cells * cd.a / cd.budget_us)
+        ul_at_u = is_u * (n_cells * cu.a / cu.budget_us) + (ku / cu.budget_us) * site_ul[..., 0]
+        nondef = fixed_dl + (kd / cd.budget_us) * site_dl[..., 0] + ul_spill(ul_at_u)
+        offered = nondef + (kd / cd.budget_us) * site_dl[..., 1] + ul_spill((ku / cu.budget_us) * site_ul[..., 1])
         demand = offered.copy()
-        served_be_dl = dl.served[..., 1].copy()
-        served_be_ul = ul.served[..., 1].copy()
+        # Best-effort bytes served per cell; the compute-aware stage rewrites its sites' rows in place.
+        served_be_dl = dl.served[..., 1]
+        served_be_ul = ul.served[..., 1]
         added_max = np.zeros(sc.n_sites)
         deferred = np.zeros(sc.n_sites)
         for s in range(sc.n_sites):
@@ -188,7 +189,7 @@ class RanModel:
             if not np.isfinite(E) and not self.backlog_dl[s].total and not self.backlog_ul[s].total:
                 continue
             d = self._compute_stage(s, start, E, nondef[:, s], is_u[:, s], dl_frac[:, s] > 0,
-                                    be_dl_work[:, s], be_ul_work[:, s],
+                                    kd * served_be_dl[:, s], ku * served_be_ul[:, s],
                                     kd * dl.be_headroom_prb[:, s] * arr.bpp_dl[:, s],
                                     ku * ul.be_headroom_prb[:, s] * arr.bpp_ul[:, s])
             demand[:, s], dl_cells, ul_cells, dly = d
@@ -200,23 +201,17 @@ class RanModel:
 
         # Delay: MAC stage by Little's law per slot (queue / mean capacity); compute stage in _compute_stage.
         # One bincount for both directions and slices: bin index offset by slice.
-        bins, weights = [], []
+        hist = self.delay_hist[0].reshape(-1)
         for a, sched in ((arr.dl, dl), (arr.ul, ul)):
             inv = 1.0 / np.maximum(sched.capacity.mean(axis=0), 1e-9)  # (S,C,L)
             wait = sched.queue * inv
             np.minimum(wait, DELAY_BINS - 1, out=wait)
             b = wait.astype(np.intp)
             b[..., 1] += DELAY_BINS
-            bins.append(b.ravel())
-            weights.append(a.ravel())
-        self.delay_hist[0] += np.bincount(np.concatenate(bins), np.concatenate(weights),
-                                          2 * DELAY_BINS).reshape(2, DELAY_BINS)
+            hist += np.bincount(b.ravel(), a.ravel(), 2 * DELAY_BINS)
         off_dl, off_ul = arr.dl.sum(axis=0), arr.ul.sum(axis=0)
         self.offered_bytes += off_dl + off_ul
-        served_dl = dl.served
-        served_dl[..., 1] = served_be_dl
-        served_ul = ul.served
-        served_ul[..., 1] = served_be_ul
+        served_dl, served_ul = dl.served, ul.served  # best-effort columns already rewritten above
         bytes_dl, bytes_ul = served_dl.sum(axis=0), served_ul.sum(axis=0)
         self.served_bytes += bytes_dl + bytes_ul
         n_dl = dl_frac.sum(axis=0)[:, None]  # (S,1) DL slot-equivalents
