@@ -37,6 +37,10 @@ class PolicyConfig:
     guard_sms: int = 8
     reactive_margin_sms: int = 16
     static_reserve_sms: int = 0
+    hold_periods: int = 50
+    quota_dl_sms_per_prb: float = 0.03
+    quota_ul_sms_per_prb: float = 0.03
+    cell_prbs: int = 273
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +74,7 @@ class SiteConfig:
     gpu_sms: int = 132
     granularity: int = 8
     protected_slices: tuple[SliceId, ...] = ()
+    best_effort_slices: tuple[SliceId, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,8 +182,13 @@ class XappConfig:
             SiteConfig(site_id=s["site_id"], nodes=tuple(s["nodes"]), gpu_sms=s.get("gpu_sms", 132),
                        granularity=s.get("granularity", 8),
                        protected_slices=tuple(SliceId(sst=p["sst"], sd=p.get("sd"))
-                                              for p in s.get("protected_slices", ())))
+                                              for p in s.get("protected_slices", ())),
+                       best_effort_slices=tuple(SliceId(sst=p["sst"], sd=p.get("sd"))
+                                                for p in s.get("best_effort_slices", ())))
             for s in c["sites"])
+        if c["policy"]["name"] == "oracle":
+            raise ConfigError("controls.policy.name: 'oracle' needs the future (benchmarks only); "
+                              "use static, reactive or weaver")
         seen_sites: set[str] = set()
         seen_nodes: dict[str, str] = {}
         for s in sites:

@@ -1,0 +1,112 @@
+"""RC controls: which mode a node supports, and the E2AP bytes that carry a decision to it.
+
+Mode per node, from its RC RAN function definition (architecture.md, Actuate):
+- `envelope` when it advertises the Weaver vendor action (style 1000, action 1 "Site SM envelope");
+- `quota` when it has an RC function at all (standard style 2 action 6, parameter IDs resolved by name
+  from the definition, else the configured fallback table);
+- `none` otherwise (monitor-only node: leases still follow the estimate, nothing is shaped).
+A config `actuation.mode` other than `auto` forces the mode where the node supports it.
+
+Controls carry RIC request ID (CONTROL_REQUESTOR, control_id & 0xffff) so that ACK/FAILURE match back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from e2sm import E2DecodeError
+from e2sm.e2ap import (
+    RicControlAcknowledge,
+    RicControlFailure,
+    RicControlRequest,
+    RicRequestId,
+    decode_e2ap,
+    encode_e2ap,
+)
+from e2sm.rc import (
+    PRB_QUOTA_ACTION,
+    PRB_QUOTA_STYLE,
+    WEAVER_ENVELOPE_ACTION,
+    WEAVER_STYLE,
+    GnbDuUeId,
+    PrbQuotaIds,
+    RcControlHeader,
+    SliceQuota,
+    build_envelope_control,
+    build_prb_quota_control,
+    decode_ran_function_definition,
+    encode_control_header,
+    encode_control_message,
+    resolve_prb_quota_ids,
+)
+from xapp.config import ActuationConfig
+from xapp.rnib import E2Node
+
+CONTROL_REQUESTOR = 1000     # our RIC requestor ID for controls (SubMgr uses 123 for subscriptions)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeControl:
+    meid: str
+    rc_function_id: int | None
+    mode: str                        # envelope | quota | none
+    ids: PrbQuotaIds | None = None
+    note: str = ""
+
+
+def node_control(node: E2Node, act: ActuationConfig) -> NodeControl:
+    rc = node.rc
+    if rc is None or act.mode == "none":
+        return NodeControl(meid=node.meid, rc_function_id=None, mode="none",
+                           note="no RC function" if rc is None else "actuation disabled")
+    definition, note = None, ""
+    if rc.definition:
+        try:
+            definition = decode_ran_function_definition(rc.definition)
+        except E2DecodeError as exc:
+            note = f"RC definition undecodable ({exc}); fallback IDs"
+    has_envelope = definition is not None and definition.control_action(WEAVER_STYLE, WEAVER_ENVELOPE_ACTION) is not None
+    has_quota = definition is None or definition.control_action(PRB_QUOTA_STYLE, PRB_QUOTA_ACTION) is not None
+    try:
+        ids = resolve_prb_quota_ids(definition, act.rc_ids_fallback)
+    except ValueError as exc:
+        ids, has_quota, note = None, False, str(exc)
+    if act.mode in ("auto", "envelope") and has_envelope:
+        mode = "envelope"
+    elif act.mode in ("auto", "quota") and has_quota and ids is not None:
+        mode = "quota"
+    else:
+        mode, note = "none", note or f"node cannot do actuation mode {act.mode!r}"
+    return NodeControl(meid=node.meid, rc_function_id=rc.ran_function_id, mode=mode, ids=ids, note=note)
+
+
+def envelope_request(nc: NodeControl, control_id: int, envelope_sms: int, be_delay_budget_ms: int,
+                     ue_id: int = 0) -> bytes:
+    hdr = RcControlHeader(WEAVER_STYLE, WEAVER_ENVELOPE_ACTION, GnbDuUeId(ue_id))
+    msg = build_envelope_control(envelope_sms, be_delay_budget_ms)
+    return encode_e2ap(RicControlRequest(RicRequestId(CONTROL_REQUESTOR, control_id & 0xFFFF), nc.rc_function_id,
+                                         encode_control_header(hdr), encode_control_message(msg), ack_request=True))
+
+
+def quota_request(nc: NodeControl, control_id: int, quotas: tuple[SliceQuota, ...], ue_id: int = 0) -> bytes:
+    hdr = RcControlHeader(PRB_QUOTA_STYLE, PRB_QUOTA_ACTION, GnbDuUeId(ue_id))
+    msg = build_prb_quota_control(quotas, nc.ids)
+    return encode_e2ap(RicControlRequest(RicRequestId(CONTROL_REQUESTOR, control_id & 0xFFFF), nc.rc_function_id,
+                                         encode_control_header(hdr), encode_control_message(msg), ack_request=True))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControlResult:
+    control_id: int                 # RIC instance ID the node echoed
+    ok: bool
+    cause: str = ""
+
+
+def parse_control_reply(payload: bytes) -> ControlResult:
+    """12041/12042 payload -> ControlResult; E2DecodeError or ValueError for anything else."""
+    msg = decode_e2ap(payload)
+    if isinstance(msg, RicControlAcknowledge):
+        return ControlResult(control_id=msg.request_id.instance, ok=True)
+    if isinstance(msg, RicControlFailure):
+        c = msg.cause
+        return ControlResult(control_id=msg.request_id.instance, ok=False, cause=f"{c.group}/{c.value}" if c else "")
+    raise ValueError(f"expected RICcontrolAcknowledge/Failure, got {type(msg).__name__}")
