@@ -138,6 +138,8 @@ class RmrFramer:
         return len(self._buf) - self._off + self._parts_len
 
     def receive_data(self, data: bytes) -> None:
+        """Append bytes read from the socket (any split; call `next_frame` until NEED_DATA after each).
+        Raises the stored `RmrFrameError` once the framer is broken."""
         if self.error is not None:
             raise self.error
         if self._need:
@@ -151,6 +153,7 @@ class RmrFramer:
             self._off = 0
 
     def encode(self, msg: RmrMessage, src: str, srcip: str) -> bytes:
+        """`encode_frame` with the addresses checked (ASCII, <= 63 chars); raises `RmrEncodeError`."""
         return encode_frame(msg, check_address(src, "src"), check_address(srcip, "srcip"))
 
     def _fail(self, why: str) -> RmrFrameError:
