@@ -39,11 +39,8 @@ def cpu_facts(cores: int = 0) -> DeviceFacts:
 
 
 def green_contexts_supported() -> bool:
-    try:
-        import torch
-        return torch.cuda.is_available() and hasattr(torch.cuda, "GreenContext")
-    except Exception:   # any import/driver failure simply means "no"
-        return False
+    from agent.partition import green_supported
+    return green_supported()
 
 
 def detect_device(kind: str = "auto", cores: int = 0) -> DeviceFacts:

@@ -19,7 +19,7 @@ import math
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -36,6 +36,7 @@ from agent.lease_client import (
 )
 from agent.modes import CPU, GPU, ModeController
 from agent.monitors import DeviceFacts, detect_device, used_units_ms
+from agent.partition import GreenContextPool
 from agent.trainer import Trainer
 from schemas.proto.weaver.v1 import lease_pb2
 
@@ -69,6 +70,9 @@ class SiteAgent:
         self.device = device or detect_device(config.device, config.cores)
         self.trainer = trainer or Trainer(config.train, device="cuda" if self.device.kind == "cuda" else "cpu")
         self.enforcer = BudgetEnforcer(config.enforcer)
+        # On CUDA, leased work runs in a green context sized to the lease where supported.
+        self.partitions = GreenContextPool(self.device.sm_count, self.device.granularity,
+                                           enabled=self.device.kind == "cuda" and self.device.green_contexts)
         self.store = CheckpointStore(config.checkpoint_dir, config.train.keep_last)
         self.modes = ModeController(config.modes, now=clock())
         self.client = LeaseClient(config.lease, self.device, mode=self.modes.mode)
@@ -184,27 +188,32 @@ class SiteAgent:
             d = self.enforcer.decide(self.clock(), self.trainer.pending_samples, c.step_samples)
         if isinstance(d, Launch):
             self._use_threads(self.enforcer.lease.sm_count)
-            t0 = self.clock()
-            if self._evaluating:
-                cpu = self._eval_chunk(min(self._evaluating, 3 * d.size))   # forward-only is ~1/3 the cost
-                t1 = self.clock()
-                self.work_log.append((t0, t1, "eval"))
-                with self._lock:
-                    self.enforcer.record_other(t0, t1, cpu)
-            else:
-                r = self.trainer.micro_batch(d.size)
-                self.work_log.append((t0, t0 + r.wall_s, "micro-batch"))
-                with self._lock:
-                    self.enforcer.record_micro_batch(d.size, t0, t0 + r.wall_s, r.cpu_s)
+            with self.partitions.scope(self.enforcer.lease.sm_count):
+                self._launch(d)
         elif isinstance(d, StepNow):
             t0, cpu0 = self.clock(), time.process_time()
-            self._optimizer_step()
+            with self.partitions.scope(self.enforcer.lease.sm_count):
+                self._optimizer_step()
             t1 = self.clock()
             self.work_log.append((t0, t1, "step"))
             with self._lock:
                 self.enforcer.record_step(t0, t1, time.process_time() - cpu0)
         else:
             self._wait(d)
+
+    def _launch(self, d: Launch) -> None:
+        t0 = self.clock()
+        if self._evaluating:
+            cpu = self._eval_chunk(min(self._evaluating, 3 * d.size))   # forward-only is ~1/3 the cost
+            t1 = self.clock()
+            self.work_log.append((t0, t1, "eval"))
+            with self._lock:
+                self.enforcer.record_other(t0, t1, cpu)
+        else:
+            r = self.trainer.micro_batch(d.size)
+            self.work_log.append((t0, t0 + r.wall_s, "micro-batch"))
+            with self._lock:
+                self.enforcer.record_micro_batch(d.size, t0, t0 + r.wall_s, r.cpu_s)
 
     def _fallback_iteration(self) -> None:
         """Unleased CPU training on the fallback cores (one thread unless configured)."""
@@ -280,7 +289,7 @@ class SiteAgent:
         for ev in events:
             with self._lock:
                 if isinstance(ev, LeaseGranted):
-                    t = ev.terms
+                    t = self._effective_terms(ev.terms)
                     if self.enforcer.on_lease(t):
                         self._records[t.lease_id] = rec = LeaseRecord(t.lease_id, t.sm_count, int(time.time() * 1e3))
                         self.history.append(rec)
@@ -297,10 +306,27 @@ class SiteAgent:
                 elif isinstance(ev, CrossSiteChanged):
                     self.cross_site = ev.config
 
+    def partition_units(self, sm_count: int) -> int:
+        """Units the leased work runs on: leased cores as threads (CPU), the green-context partition
+        (CUDA with green contexts), or the whole GPU (CUDA duty cycle)."""
+        if self.device.kind == "cpu":
+            return max(1, min(sm_count, self.device.sm_count))
+        size = self.partitions.size_for(sm_count) if self.partitions.enabled else 0
+        return size if size > 0 else self.device.sm_count
+
+    def _effective_terms(self, t):
+        """The broker's duty is the lease's share of the whole device (sm_count / device units). Work
+        confined to a partition of P units may be busy for duty x device / P of each period, so the
+        granted unit-time is the same whichever way the share is enforced (space or time)."""
+        units = self.partition_units(t.sm_count)
+        if t.sm_count == 0 or units >= self.device.sm_count:
+            return t
+        return replace(t, duty=min(1.0, t.duty * self.device.sm_count / units))
+
     def _publish(self, reports: list[WindowReport]) -> None:
         for r in reports:
             self.window_reports.append(r)
-            units = r.sm_count if self.device.kind == "cuda" else min(r.sm_count, self.device.sm_count)
+            units = self.partition_units(r.sm_count)
             used_ms = used_units_ms(self.device, r.busy_s, r.cpu_s, units)
             with self._lock:
                 rec = self._records.get(r.lease_id)
