@@ -1,6 +1,6 @@
 """RC control execution on the simulated DU: decode, validate against this node's tables, apply.
 
-Returns None on success or the E2AP Cause of the RICcontrolFailure. Validation happens before any
+Returns the RIC control outcome bytes on success or the E2AP Cause of the RICcontrolFailure. Validation happens before any
 change, so a refused control changes nothing.
 - Style 2 action 6 (slice-level PRB quota): parameters by the node's ID table (srsRAN/OSC or OAI);
   an ID outside that table, a malformed tree or a ratio outside 0..100 / min > max is
@@ -41,7 +41,10 @@ def param_ids(params) -> set[int]:
     return out
 
 
-def execute(node: NodeConfig, ran, header: bytes, message: bytes, stats) -> e2ap.Cause | None:
+def execute(node: NodeConfig, ran, header: bytes, message: bytes, stats) -> e2ap.Cause | bytes:
+    """Apply one control. Returns the Cause of a refusal, or the RIC control outcome (E2SM-RC outcome
+    format 1 bytes) on success: srsRAN's (ratio list, 100), (min, m), (max, M) for a quota (per slice, in
+    message order), (SM Envelope, E) for the Weaver envelope."""
     from e2sm import rc
 
     try:
@@ -78,7 +81,10 @@ def execute(node: NodeConfig, ran, header: bytes, message: bytes, stats) -> e2ap
                 stats.quotas_applied.append(q)
         except ValueError as exc:  # the MAC refuses e.g. min ratios summing over 100 %
             return _invalid(f"the MAC refused the quota: {exc}", node)
-        return None
+        outcome: tuple[tuple[int, int], ...] = ((ids.ratio_list, 100),)
+        for q in quotas:
+            outcome += ((ids.min_ratio, q.min_ratio), (ids.max_ratio, q.max_ratio))
+        return rc.encode_control_outcome(rc.RcControlOutcome(outcome))
     if (hdr.style, hdr.action_id) == (rc.WEAVER_STYLE, 1):
         try:
             envelope = rc.parse_envelope_control(msg)
@@ -91,5 +97,6 @@ def execute(node: NodeConfig, ran, header: bytes, message: bytes, stats) -> e2ap
             ran.set_envelope(node.site, sms, envelope.be_delay_budget_ms)
         except ValueError as exc:
             return _invalid(f"the MAC refused the envelope: {exc}", node)
-        return None
+        return rc.encode_control_outcome(rc.RcControlOutcome(
+            ((rc.WEAVER_PARAM_ENVELOPE, sms if sms is not None else 0),)))
     return e2ap.Cause("ricRequest", "action-not-supported")

@@ -209,18 +209,18 @@ class E2Node:
         from . import control
 
         if req.ran_function_id != self.config.rc_function_id:
-            cause = _cause("ran-function-id-invalid")
+            result: e2ap.Cause | bytes = _cause("ran-function-id-invalid")
         else:
-            cause = control.execute(self.config, self.ran, req.header, req.message, self.stats)
-        if cause is not None:
+            result = control.execute(self.config, self.ran, req.header, req.message, self.stats)
+        if isinstance(result, e2ap.Cause):
             self.stats.controls_failed += 1
             return [Outgoing(CONTROL_FAILURE, e2ap.encode_e2ap(e2ap.RicControlFailure(
-                req.request_id, req.ran_function_id, cause, call_process_id=req.call_process_id)))]
+                req.request_id, req.ran_function_id, result, call_process_id=req.call_process_id)))]
         self.stats.controls_ok += 1
         if req.ack_request is False:  # noAck: the RIC asked for no acknowledgement
             return []
         return [Outgoing(CONTROL_ACK, e2ap.encode_e2ap(e2ap.RicControlAcknowledge(
-            req.request_id, req.ran_function_id, call_process_id=req.call_process_id)))]
+            req.request_id, req.ran_function_id, outcome=result, call_process_id=req.call_process_id)))]
 
     # -- KPM reporting ------------------------------------------------------------------------------
 

@@ -80,6 +80,8 @@ def test_quota_control_reaches_every_cell_of_the_model():
     req = e2ap.RicControlRequest(e2ap.RicRequestId(7, 1), 3, hdr, msg)
     [ack] = node.receive(12040, e2ap.encode_e2ap(req))
     assert ack.mtype == 12041
+    outcome = rc.decode_control_outcome(e2ap.decode_e2ap(ack.payload).outcome)
+    assert outcome.params == ((1, 100), (10, 10), (11, 40))  # OAI IDs: min 10, max 11
     assert model.quota[0, :, 1].tolist() == [[0.10, 0.40, 0.05]] * 2
     # noAck: applied, nothing sent back.
     req = e2ap.RicControlRequest(e2ap.RicRequestId(7, 2), 3, hdr, msg, ack_request=False)
