@@ -1014,8 +1014,43 @@ def decode_json(data: bytes) -> dict:
 
 
 def encode_json(value: dict) -> bytes:
-    """The vectors' JSON form of an E2AP-PDU -> APER bytes; E2EncodeError names the offending path."""
-    return _aper_encode(_value_of(_PDU, value, "E2AP-PDU"))
+    """The vectors' JSON form of an E2AP-PDU -> APER bytes; E2EncodeError names the offending path.
+
+    pycrate does not check table constraints when encoding (an IE id with another IE's value type, a
+    procedureCode with another procedure's message), so the bytes are decoded again and must give back
+    the same JSON: whatever this returns is a PDU that any E2AP decoder reads as `value`."""
+    raw = _aper_encode(_value_of(_PDU, value, "E2AP-PDU"))
+    try:
+        again = decode_json(raw)
+    except E2DecodeError as exc:
+        raise E2EncodeError(f"value is not a consistent E2AP-PDU (ids and value types must match): {exc}",
+                            exc.where) from None
+    where = _first_difference(value, again, "E2AP-PDU")
+    if where is not None:
+        raise E2EncodeError("value is not a consistent E2AP-PDU: it does not survive encoding", where)
+    return raw
+
+
+def _first_difference(a: Any, b: Any, where: str) -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in a.keys() | b.keys():
+            if k not in a or k not in b:
+                return f"{where}.{k}"
+            found = _first_difference(a[k], b[k], f"{where}.{k}")
+            if found:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            found = _first_difference(x, y, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    if isinstance(a, str) and isinstance(b, str):
+        return None if a.lower() == b.lower() else where    # hex may come in upper case
+    return None if a == b and type(a) is type(b) else where
 
 
 def _open_type(obj: Any, name: str, where: str) -> Any:

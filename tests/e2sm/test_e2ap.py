@@ -261,3 +261,26 @@ def test_stray_octets_inside_an_ie_are_refused_not_read_as_the_next_ie():
         decode_e2ap(bytes(mutated))
     with pytest.raises(E2DecodeError, match="left unread"):
         e2ap.decode_json(bytes(mutated))
+
+
+@pytest.mark.parametrize("path, value", [
+    (("procedureCode",), 3),                                            # RICindication body under Reset
+    (("procedureCode",), 8),
+    (("value", "RICindication", "protocolIEs", 1, "id"), 15),           # RANfunctionID value under id 15
+    (("value", "RICindication", "protocolIEs", 0, "value", "RICrequestID", "ricRequestorID"), 65536),
+])
+def test_json_encode_refuses_inconsistent_pdus(vectors, path, value):
+    bad = json.loads(json.dumps(vectors["e2ap_ric_indication"]["decoded"]))
+    node = bad["initiatingMessage"]
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(E2EncodeError):
+        e2ap.encode_json(bad)
+
+
+def test_json_encode_accepts_upper_case_hex(vectors):
+    value = json.loads(json.dumps(vectors["e2ap_ric_subscription_request"]["decoded"]).replace("0063", "0063".upper()))
+    details = value["initiatingMessage"]["value"]["RICsubscriptionRequest"]["protocolIEs"][2]["value"]
+    details["RICsubscriptionDetails"]["ricEventTriggerDefinition"] = "0A03E7"
+    assert e2ap.decode_e2ap(e2ap.encode_json(value)).event_trigger == bytes.fromhex("0a03e7")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from e2sm import e2ap
 from e2sm.e2ap import decode_e2ap, decode_e2ap_reference, encode_e2ap
-from e2sm.errors import E2DecodeError
+from e2sm.errors import E2DecodeError, E2EncodeError
 
 DECODERS = (decode_e2ap, decode_e2ap_reference, e2ap.decode_json)
 
@@ -89,3 +89,47 @@ def test_threads_share_pycrate_safely(vectors_dir):
     for t in threads:
         t.join()
     assert not failures, failures[:3]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70) | st.floats() | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values)
+def test_encode_json_refuses_garbage_with_an_encode_error(value):
+    try:
+        e2ap.encode_json(value)
+    except E2EncodeError:
+        pass
+
+
+def _leaves(node, path=()):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaves(v, (*path, i))
+    else:
+        yield path
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_encode_json_with_one_leaf_replaced(vectors_dir, data):
+    vectors = [json.loads(p.read_text())["decoded"] for p in sorted(vectors_dir.glob("e2ap_*.json"))]
+    value = data.draw(st.sampled_from(vectors))
+    value = json.loads(json.dumps(value))
+    path = data.draw(st.sampled_from(list(_leaves(value))))
+    node = value
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = data.draw(json_values)
+    try:
+        raw = e2ap.encode_json(value)
+    except E2EncodeError:
+        return
+    assert e2ap.encode_json(e2ap.decode_json(raw)) == raw   # whatever was accepted is a valid PDU
