@@ -29,6 +29,8 @@ from typing import Protocol
 
 import numpy as np
 
+CAP_HYSTERESIS_PCT = 5  # loosen PRB caps only by at least this many points (fewer RC controls)
+
 
 class PolicyError(ValueError):
     """A policy was misconfigured or fed an observation it cannot use."""
@@ -283,6 +285,11 @@ class WeaverPolicy:
         env, wanted, why = self.envelope_for(obs, history)
         if self.mode == "quota":
             caps, env = self._caps(obs, history, env)
+            last = history.last
+            if (last is not None and last.caps and last.sized_for_sms == env and len(last.caps) == len(caps)
+                    and all(0 <= new.be_max_ratio - old.be_max_ratio < CAP_HYSTERESIS_PCT
+                            for old, new in zip(last.caps, caps, strict=True))):
+                caps = last.caps  # the old caps are a little tighter, hence still safe: send nothing
             grant = floor_to(obs.gpu_sms - env - self.guard_sms, obs.granularity)
             return SiteDecision(None, grant, caps, reason=f"quota for E={env}: {why}", sized_for_sms=env,
                                 wanted_sms=wanted)
