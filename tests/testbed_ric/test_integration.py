@@ -113,3 +113,31 @@ def test_kpm_v2_oai_node_through_the_mini_ric(redis_server, monkeypatch):
     monkeypatch.setenv("DBAAS_SERVICE_HOST", redis_server["host"])
     monkeypatch.setenv("DBAAS_SERVICE_PORT", str(redis_server["port"]))
     asyncio.run(_drive("v2.03", "oai", SDLWrapper()))
+
+
+async def _indication_bytes(seed: int) -> list[bytes]:
+    sim = await Simulation.start(SimConfig(n_sites=1, n_cells=2, speed=0, seed=seed, epoch_unix=1.8e9,
+                                           keepalive_s=None))
+    x = await TinyXapp.start(sim.ric.xapp_route_table)
+    try:
+        v3 = kpm.KpmVersion.V3_00
+        node = sim.nodes[0]
+        body = x.subscription_body(node.meid, 2, kpm.encode_event_trigger(kpm.KpmEventTrigger(100), v3),
+                                   kpm_action(v3, None, node.node.config.slices))
+        await x.post(sim.ric.submgr_url + "/subscriptions", body)
+        await x.notification()
+        out = []
+        for _ in range(5):
+            await sim.step()
+            ind = e2ap.decode_e2ap((await x.receive(12050)).payload)
+            out.append(ind.header + ind.message)
+        return out
+    finally:
+        await x.close()
+        await sim.close()
+
+
+def test_same_seed_same_indication_bytes():
+    a = asyncio.run(_indication_bytes(7))
+    assert a == asyncio.run(_indication_bytes(7))
+    assert a != asyncio.run(_indication_bytes(8))
