@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import os
 import socket
@@ -64,8 +65,8 @@ def split_hostport(name: str) -> tuple[str, int]:
     return host.strip("[]"), number
 
 
-def local_addresses() -> list[str]:
-    """This host's IPv4 addresses, the one with the default route first (no packets are sent)."""
+@functools.lru_cache(maxsize=1)
+def _local_addresses() -> tuple[str, ...]:
     found: list[str] = []
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -78,7 +79,13 @@ def local_addresses() -> list[str]:
     except OSError:
         pass
     found.append("127.0.0.1")
-    return list(dict.fromkeys(found))
+    return tuple(dict.fromkeys(found))
+
+
+def local_addresses() -> list[str]:
+    """This host's IPv4 addresses, the one with the default route first (no packets are sent). Looked up
+    once per process: a hostname lookup can be slow where DNS is, and every endpoint needs the answer."""
+    return list(_local_addresses())
 
 
 @dataclass(frozen=True, slots=True)
