@@ -1,0 +1,261 @@
+"""GPU check for a CUDA host (< 2 minutes): overrun and SM-share adherence with and without green contexts.
+
+    python -m agent.gpu_check [--seconds 100] [--json out.json]
+
+Prints one JSON document on stdout. Sections (each records its own error instead of aborting):
+  env             torch/CUDA/driver facts, SM count, green-context support
+  step_fit        micro-batch times of a GPU-sized char GPT, CUDA-event timed, and the affine fit
+  green_switch    green-context creation time per size and per-launch stream-switch cost
+  sm_share        a fixed matmul workload inside green contexts of 16..N SMs: throughput share vs SM share
+  adherence       the agent's enforcer under a lease trace, without (duty cycle on the whole GPU) and with
+                  (green context of the leased SMs) partitions: utilisation and overrun p50/p99/max
+`--allow-cpu` runs the same code on CPU with tiny sizes (a smoke test of the script itself).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+import traceback
+
+
+def _section(out: dict, name: str, fn, *a):
+    t0 = time.monotonic()
+    try:
+        out[name] = fn(*a)
+    except Exception as exc:   # report and carry on: one unsupported feature must not hide the rest
+        out[name] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(limit=3)}
+    out[name]["section_s"] = round(time.monotonic() - t0, 2)
+
+
+def env_facts(torch) -> dict:
+    from agent.partition import green_supported
+    d = {"torch": torch.__version__, "cuda_available": torch.cuda.is_available(), "cuda": torch.version.cuda,
+         "green_contexts": green_supported()}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        d.update(name=p.name, sm_count=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1),
+                 capability=f"{p.major}.{p.minor}")
+    return d
+
+
+class Timer:
+    """CUDA events on GPU (kernel time, not host time); perf_counter on CPU."""
+
+    def __init__(self, torch, cuda: bool):
+        self.torch, self.cuda = torch, cuda
+
+    def __call__(self, fn):
+        if self.cuda:
+            s, e = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            return s.elapsed_time(e) / 1e3
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+
+def gpu_model_config(cuda: bool):
+    from agent.config import TrainConfig
+    from agent.model import GPTConfig
+    # Big enough that a micro-batch is compute-bound on an H200 (tens of ms at B=32), small enough to load fast.
+    model = GPTConfig(n_embd=512, n_layer=6, n_head=8, block_size=256) if cuda else \
+        GPTConfig(n_embd=64, n_layer=1, n_head=4, block_size=32)
+    return TrainConfig(model=model, step_samples=32, max_micro_batch=128, eval_every=0, checkpoint_every=0)
+
+
+def step_fit(torch, trainer, timer, sizes) -> dict:
+    from agent.enforcer import StepTimeFit
+    fit = StepTimeFit(window=256)
+    times = {}
+    for _ in range(2):
+        trainer.micro_batch(sizes[0])          # warm-up
+    trainer.discard_pending()
+    for b in sizes * 4:
+        t = timer(lambda b=b: trainer.micro_batch(b))
+        fit.add(b, t)
+        times.setdefault(b, []).append(t * 1e3)
+    trainer.discard_pending()
+    step = [timer(lambda: (trainer.micro_batch(1), trainer.optimizer_step())) * 1e3 for _ in range(5)]
+    return {"ms_by_batch": {b: [round(x, 3) for x in v] for b, v in times.items()},
+            "fit_a_ms": fit.a * 1e3, "fit_b_ms_per_sample": fit.b * 1e3, "fit_margin_ms": fit.margin * 1e3,
+            "micro_batch_plus_step_ms": [round(x, 3) for x in step]}
+
+
+def green_switch(torch, sms: int) -> dict:
+    from torch.cuda.green_contexts import GreenContext
+    out, ctxs = {"create_ms": {}}, {}
+    for n in sorted({8, 16, 32, 64, (sms // 2) // 8 * 8, (sms - 8) // 8 * 8}):
+        if 0 < n < sms:
+            t0 = time.perf_counter()
+            ctxs[n] = GreenContext.create(num_sms=n, device_id=0)
+            ctxs[n].Stream()
+            out["create_ms"][n] = round((time.perf_counter() - t0) * 1e3, 3)
+    x = torch.randn(256, 256, device="cuda")
+    streams = [c.Stream() for c in ctxs.values()]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    n = 2000
+    for i in range(n):
+        with torch.cuda.stream(streams[i % len(streams)]):
+            x.add_(1.0)
+    torch.cuda.synchronize()
+    out["switch_plus_launch_us"] = round((time.perf_counter() - t0) / n * 1e6, 2)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        x.add_(1.0)
+    torch.cuda.synchronize()
+    out["launch_only_us"] = round((time.perf_counter() - t0) / n * 1e6, 2)
+    return out
+
+
+def sm_share(torch, sms: int, seconds_per_size: float = 1.0) -> dict:
+    from torch.cuda.green_contexts import GreenContext
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    timer = Timer(torch, True)
+
+    def tflops(stream=None) -> float:
+        reps = 10
+
+        def work():
+            for _ in range(reps):
+                torch.mm(a, b)
+        ctx = torch.cuda.stream(stream) if stream is not None else _null()
+        with ctx:
+            work()                                      # warm-up on this stream
+            torch.cuda.synchronize()
+            best, t_end = 0.0, time.monotonic() + seconds_per_size
+            while time.monotonic() < t_end:
+                t = timer(work)
+                best = max(best, reps * 2 * 8192**3 / t / 1e12)
+        return best
+
+    full = tflops()
+    rows = []
+    for n in [s for s in (16, 32, 48, 64, 96, 128) if s < sms]:
+        ctx = GreenContext.create(num_sms=n, device_id=0)
+        got = tflops(ctx.Stream())
+        rows.append({"sms": n, "sm_share": round(n / sms, 3), "throughput_share": round(got / full, 3),
+                     "tflops": round(got, 1), "adherence": round((got / full) / (n / sms), 3)})
+    return {"full_device_tflops": round(full, 1), "partitions": rows}
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+def adherence(torch, trainer, cuda: bool, sms: int, use_green: bool, windows: int, lease_sms: int) -> dict:
+    from agent.config import EnforcerConfig
+    from agent.enforcer import BudgetEnforcer, Launch, LeaseTerms, StepNow
+    from agent.partition import GreenContextPool
+    rng = random.Random(11)
+    trace = [(rng.choice((0.02, 0.05, 0.1)), rng.choice((0.5, 1.0))) for _ in range(windows)]
+    pool = GreenContextPool(sms, 8, enabled=use_green)
+    enf = BudgetEnforcer(EnforcerConfig(max_micro_batch=128))
+    part = pool.size_for(lease_sms) if use_green else sms
+    share = lease_sms / sms
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    clock = time.monotonic
+    reports, i, next_lease = [], 0, clock()
+    with pool.scope(lease_sms):
+        for _ in range(3):
+            trainer.micro_batch(4)
+        trainer.discard_pending()
+        sync()
+        while True:
+            now = clock()
+            if i < len(trace) and now >= next_lease:
+                period, busy_frac = trace[i]
+                # Without a partition the share is enforced in time (duty = SM share x busy fraction);
+                # inside a green context of the leased SMs only the busy fraction remains.
+                duty = busy_frac if use_green else share * busy_frac
+                enf.on_lease(LeaseTerms(f"L{i}", lease_sms, period, period, duty, now, 1, i + 1))
+                next_lease, i = now + period, i + 1
+            elif i >= len(trace) and enf.lease is None:
+                break
+            d = enf.decide(now, trainer.pending_samples, 32)
+            if isinstance(d, Launch):
+                r = trainer.micro_batch(d.size)
+                enf.record_micro_batch(d.size, now, now + r.wall_s)
+            elif isinstance(d, StepNow):
+                trainer.optimizer_step()
+                sync()
+                enf.record_step(now, clock())
+            else:
+                wake = min([x for x in (d.until, next_lease if i < len(trace) else None) if x is not None] or [now])
+                time.sleep(max(0.0, wake - clock()))
+            reports += enf.close_windows(clock())
+    ws = [r for r in reports if r.granted_s > 0]
+    over = sorted(r.overrun_s * 1e3 for r in ws)
+    over_pct = sorted(100 * r.overrun_s / r.length_s for r in ws if r.length_s > 0)
+    granted_sm_ms = sum(r.granted_s for r in ws) * 1e3 * part
+    used_sm_ms = sum(r.busy_s for r in ws) * 1e3 * part
+
+    def q(p):
+        return over[min(len(over) - 1, int(p * len(over)))] if over else math.nan
+    return {"green_context": use_green, "partition_sms": part, "lease_sms": lease_sms, "windows": len(ws),
+            "utilisation": sum(r.busy_s for r in ws) / max(1e-9, sum(r.granted_s for r in ws)),
+            "granted_sm_ms": granted_sm_ms, "used_sm_ms": used_sm_ms,
+            "overrun_p50_ms": q(0.5), "overrun_p99_ms": q(0.99), "overrun_max_ms": over[-1] if over else math.nan,
+            "overrun_p99_pct_of_period": over_pct[min(len(over_pct) - 1, int(0.99 * len(over_pct)))] if over_pct
+            else math.nan,
+            "samples": sum(r.samples for r in ws)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m agent.gpu_check", description=__doc__.split("\n")[0])
+    p.add_argument("--seconds", type=float, default=100.0, help="rough total budget")
+    p.add_argument("--lease-sms", type=int, default=64)
+    p.add_argument("--json", help="also write the result here")
+    p.add_argument("--allow-cpu", action="store_true", help="smoke-test the script on CPU")
+    args = p.parse_args(argv)
+    import torch
+
+    from agent.trainer import Trainer
+    cuda = torch.cuda.is_available()
+    out: dict = {"check": "agent-gpu", "started_unix": time.time()}
+    _section(out, "env", env_facts, torch)
+    if not cuda and not args.allow_cpu:
+        print(json.dumps(out, indent=2))
+        print("gpu_check: no CUDA device (use --allow-cpu to smoke-test the script)", file=sys.stderr)
+        return 2
+    sms = out["env"].get("sm_count", 4)
+    torch.manual_seed(0)
+    torch.set_float32_matmul_precision("high")
+    if not cuda:
+        torch.set_num_threads(1)
+    trainer = Trainer(gpu_model_config(cuda), device="cuda" if cuda else "cpu")
+    out["model_params"] = trainer.model.num_params()
+    timer = Timer(torch, cuda)
+    _section(out, "step_fit", step_fit, torch, trainer, timer, [1, 4, 16, 32, 64] if cuda else [1, 2, 4])
+    green = out["env"].get("green_contexts", False)
+    if green:
+        _section(out, "green_switch", green_switch, torch, sms)
+        _section(out, "sm_share", sm_share, torch, sms, min(1.0, args.seconds / 100))
+    windows = max(20, int(args.seconds * 0.25 / 0.057)) if cuda else 20
+    lease = min(args.lease_sms, sms)
+    _section(out, "adherence_duty_cycle", adherence, torch, trainer, cuda, sms, False, windows, lease)
+    if green:
+        _section(out, "adherence_green_context", adherence, torch, trainer, cuda, sms, True, windows, lease)
+    out["total_s"] = round(time.time() - out["started_unix"], 1)
+    text = json.dumps(out, indent=2, default=str)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
