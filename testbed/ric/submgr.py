@@ -98,6 +98,7 @@ class SubscriptionManager:
         self._next_sub_id = 1
         self._waiters: dict[tuple[int, str], asyncio.Future] = {}
         self._node_locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task] = set()
         self.stats = {"e2_decode_errors": 0, "unexpected_replies": 0, "notify_failures": 0}
 
     # -- REST-facing calls --------------------------------------------------------------------------
@@ -112,16 +113,21 @@ class SubscriptionManager:
             sub = self._subs[existing]
             if sub.task is not None and sub.task.done() and sub.instances:
                 # The xApp asked again: it may have lost the first notification, so repeat it.
-                asyncio.ensure_future(self._notify_all(sub))
+                self._background(self._notify_all(sub))
             return existing, False
-        sub_id = params.subscription_id or secrets.token_hex(8)
-        while sub_id in self._subs:
-            sub_id = secrets.token_hex(8)
-        sub = RestSubscription(sub_id, params, digest)
-        self._subs[sub_id] = sub
-        self._by_digest[digest] = sub_id
+        rest_id = params.subscription_id or secrets.token_hex(8)
+        while rest_id in self._subs:
+            rest_id = secrets.token_hex(8)
+        sub = RestSubscription(rest_id, params, digest)
+        self._subs[rest_id] = sub
+        self._by_digest[digest] = rest_id
         sub.task = asyncio.ensure_future(self._run_subscribe(sub))
-        return sub_id, True
+        return rest_id, True
+
+    def _background(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)  # keep a reference until it is done
+        task.add_done_callback(self._tasks.discard)
 
     async def unsubscribe(self, subscription_id: str) -> None:
         """Delete every E2 subscription of `subscription_id`; raises `UnknownSubscription`."""
@@ -134,7 +140,8 @@ class SubscriptionManager:
         for xid, sub_id in list(sub.sub_ids.items()):
             await self._run_delete(sub, sub_id)
             del sub.sub_ids[xid]
-        self._by_digest.pop(sub.digest, None)
+        if self._by_digest.get(sub.digest) == subscription_id:
+            del self._by_digest[sub.digest]
         del self._subs[subscription_id]
 
     def list(self) -> list[dict]:
@@ -150,6 +157,7 @@ class SubscriptionManager:
 
     async def close(self) -> None:
         tasks = [s.task for s in self._subs.values() if s.task is not None and not s.task.done()]
+        tasks += [t for t in self._tasks if not t.done()]
         for t in tasks:
             t.cancel()
         if tasks:
