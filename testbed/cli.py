@@ -69,7 +69,15 @@ def main(argv: list[str] | None = None) -> int:
         bench_sub.add_parser(name, help="runs in the agent venv")
 
     # Two-stage parse: the dispatcher finds the module, the module adds its own arguments.
-    known, _ = parser.parse_known_args(argv)
+    # `-h` is held back from the first stage so that `weaver bench rmr -h` shows the module's own options.
+    first = [a for a in argv if a not in ("-h", "--help")]
+    try:
+        known, _ = parser.parse_known_args(first)
+    except SystemExit:
+        if len(first) == len(argv):
+            raise
+        parser.parse_args(argv)  # plain `weaver -h` / `weaver bench -h`: argparse prints help and exits
+        raise
     module = _load(known._module)
     target = bench_sub.choices[known.bench] if known.command == "bench" else sub.choices[known.command]
     module.add_arguments(target)
