@@ -38,6 +38,33 @@ def served_from(q: np.ndarray, q0: np.ndarray, a: np.ndarray) -> np.ndarray:
     return out
 
 
+def fifo_delay_slots(a: np.ndarray, served: np.ndarray, q0: np.ndarray) -> np.ndarray:
+    """Per-slot FIFO queueing delay (slots) of the work leaving each queue, for many queues at once.
+
+    a, served (T, ...) arrivals and departures of independent FIFO queues; q0 (...) work already queued
+    at the start (taken as arrived in the slot before). The delay of slot t is that of the work in the
+    middle of what left in t: t - (slot in which the cumulative arrivals reached that point). One
+    searchsorted for all queues: each queue's cumulative curve is shifted by a per-queue offset larger
+    than any total, which keeps the flattened curve sorted."""
+    T = a.shape[0]
+    a2 = a.reshape(T, -1)
+    n = a2.shape[1]
+    cum_a = np.empty((n, T + 1))
+    cum_a[:, 0] = np.asarray(q0, dtype=float).reshape(-1)
+    np.cumsum(a2.T, axis=1, out=cum_a[:, 1:])
+    cum_a[:, 1:] += cum_a[:, :1]
+    dep = np.cumsum(served.reshape(T, -1).T, axis=1)  # (n, T)
+    mid = dep - 0.5 * served.reshape(T, -1).T
+    step = float(cum_a[:, -1].max()) * 2 + 1.0
+    offs = (np.arange(n) * step)[:, None]
+    flat = (cum_a + offs).ravel()
+    # Strictly increasing per queue (empty slots repeat the value; searchsorted 'left' finds the first).
+    pos = np.searchsorted(flat, (mid + offs).ravel(), side="left").reshape(n, T) - np.arange(n)[:, None] * (T + 1)
+    arrival_slot = np.clip(pos, 0, T) - 1  # index k in cum_a means it arrived in slot k - 1
+    delay = np.arange(T)[None, :] - arrival_slot
+    return np.maximum(delay, 0).T.reshape(served.shape)
+
+
 @dataclass(frozen=True)
 class SliceSchedule:
     """One direction's MAC result for a period. Shapes (T, S, C, L) except where noted."""

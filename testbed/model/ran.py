@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import SLOT_S, ModelConfigError, Scenario
-from .mac import FifoBacklog, fifo_serve, lindley, schedule_cells, served_from
+from .mac import FifoBacklog, fifo_delay_slots, fifo_serve, lindley, schedule_cells, served_from
 from .phy import PhyCost, ul_spill
 from .traffic import SyntheticTrace, TraceSource
 
@@ -167,6 +167,7 @@ class RanModel:
         cap_ul = is_u[:, :, None] * self.prbs[None]
         dl = schedule_cells(arr.dl, cap_dl, arr.bpp_dl, self.quota, self.q_dl)
         ul = schedule_cells(arr.ul, cap_ul, arr.bpp_ul, self.quota, self.q_ul)
+        q0_dl, q0_ul = self.q_dl, self.q_ul
         self.q_dl, self.q_ul = dl.queue[-1], ul.queue[-1]
         cd, cu = self.cost.dl, self.cost.ul
         kd, ku = cd.work_per_byte, cu.work_per_byte
@@ -182,6 +183,7 @@ class RanModel:
         # Best-effort bytes served per cell; the compute-aware stage rewrites its sites' rows in place.
         served_be_dl = dl.served[..., 1]
         served_be_ul = ul.served[..., 1]
+        mac_be_dl, mac_be_ul = served_be_dl.copy(), served_be_ul.copy()  # before the compute stage
         added_max = np.zeros(sc.n_sites)
         deferred = np.zeros(sc.n_sites)
         for s in range(sc.n_sites):
@@ -199,16 +201,17 @@ class RanModel:
             deferred[s] = self.backlog_dl[s].total / kd + self.backlog_ul[s].total / ku
         misses = (demand > (self.gpu_sms - self.training_sms)[None] + 1e-9).sum(axis=0)
 
-        # Delay: MAC stage by Little's law per slot (queue / mean capacity); compute stage in _compute_stage.
-        # One bincount for both directions and slices: bin index offset by slice.
+        # Delay: FIFO delay of the bytes leaving each MAC queue (compute stage: in _compute_stage).
         hist = self.delay_hist[0].reshape(-1)
-        for a, sched in ((arr.dl, dl), (arr.ul, ul)):
-            inv = 1.0 / np.maximum(sched.capacity.mean(axis=0), 1e-9)  # (S,C,L)
-            wait = sched.queue * inv
-            np.minimum(wait, DELAY_BINS - 1, out=wait)
-            b = wait.astype(np.intp)
+        for a, sched, q0 in ((arr.dl, dl, q0_dl), (arr.ul, ul, q0_ul)):
+            prb_served = sched.served.copy()
+            if sched is dl:
+                prb_served[..., 1] = mac_be_dl
+            else:
+                prb_served[..., 1] = mac_be_ul
+            b = np.minimum(fifo_delay_slots(a, prb_served, q0), DELAY_BINS - 1)
             b[..., 1] += DELAY_BINS
-            hist += np.bincount(b.ravel(), a.ravel(), 2 * DELAY_BINS)
+            hist += np.bincount(b.ravel(), prb_served.ravel(), 2 * DELAY_BINS)
         off_dl, off_ul = arr.dl.sum(axis=0), arr.ul.sum(axis=0)
         self.offered_bytes += off_dl + off_ul
         served_dl, served_ul = dl.served, ul.served  # best-effort columns already rewritten above

@@ -120,3 +120,34 @@ def test_ul_decode_spills_over_the_next_three_slots():
     x = np.zeros(10)
     x[1] = 4.0
     np.testing.assert_allclose(ul_spill(x), [0, 0, 4, 4, 2, 0, 0, 0, 0, 0])
+
+
+def test_fifo_delays_of_many_queues_match_a_scalar_fifo():
+    from testbed.model.mac import fifo_delay_slots
+    rng = np.random.default_rng(8)
+    T, n = 50, 6
+    a = rng.exponential(100, (T, n)) * (rng.random((T, n)) < 0.5)
+    cap = rng.choice([0.0, 80.0, 200.0], (T, n))
+    q0 = rng.uniform(0, 150, n)
+    q = lindley(a - cap, q0)
+    served = np.maximum(np.vstack([q0, q[:-1]]) + a - q, 0)
+    d = fifo_delay_slots(a, served, q0)
+    for j in range(n):  # scalar FIFO: a list of (arrival slot, amount)
+        fifo = [[-1, q0[j]]] if q0[j] > 0 else []
+        for t in range(T):
+            if a[t, j] > 0:
+                fifo.append([t, a[t, j]])
+            left, need = served[t, j], served[t, j] / 2
+            slot_mid, seen = None, 0.0
+            for item in fifo:
+                if slot_mid is None and seen + item[1] >= need - 1e-9:
+                    slot_mid = item[0]
+                seen += item[1]
+            while left > 1e-9 and fifo:
+                take = min(left, fifo[0][1])
+                fifo[0][1] -= take
+                left -= take
+                if fifo[0][1] <= 1e-9:
+                    fifo.pop(0)
+            if served[t, j] > 1e-9:
+                assert d[t, j] == t - slot_mid, (t, j)
