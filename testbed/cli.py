@@ -8,7 +8,9 @@ agent environment (torch, torchft) run in `.venv-agent` through a subprocess: th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import os
 import subprocess
 import sys
@@ -71,13 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     # Two-stage parse: the dispatcher finds the module, the module adds its own arguments.
     # `-h` is held back from the first stage so that `weaver bench rmr -h` shows the module's own options.
     first = [a for a in argv if a not in ("-h", "--help")]
-    try:
+    if len(first) == len(argv):
         known, _ = parser.parse_known_args(first)
-    except SystemExit:
-        if len(first) == len(argv):
+    else:
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                known, _ = parser.parse_known_args(first)
+        except SystemExit:
+            parser.parse_args(argv)  # plain `weaver -h` / `weaver bench -h`: argparse prints help and exits
             raise
-        parser.parse_args(argv)  # plain `weaver -h` / `weaver bench -h`: argparse prints help and exits
-        raise
     module = _load(known._module)
     target = bench_sub.choices[known.bench] if known.command == "bench" else sub.choices[known.command]
     module.add_arguments(target)
