@@ -40,6 +40,7 @@ from .routes import (
     RIC_SUB_REQ,
     RIC_SUB_RESP,
     RicRoutes,
+    RouteTableError,
     e2term_route_table,
 )
 
@@ -121,9 +122,16 @@ class E2Termination:
         self._reload()
 
     def add_xapp(self, endpoint: str) -> None:
-        if endpoint and endpoint not in self._xapps:
-            self._xapps[endpoint] = None
+        """Route ACK/FAILURE/error indications to `endpoint` too (a src that no table can name is ignored)."""
+        if not endpoint or endpoint in self._xapps:
+            return
+        self._xapps[endpoint] = None
+        try:
             self._reload()
+        except RouteTableError as exc:
+            del self._xapps[endpoint]
+            self._reload()
+            log.warning("e2term: xApp src %r cannot be routed to: %s", endpoint, exc)
 
     def is_connected(self, meid: str) -> bool:
         return meid in self.nodes

@@ -238,3 +238,15 @@ def test_lost_node_goes_disconnected_then_503_and_comes_back_on_setup():
         assert node.meid in sim.ric.e2term.nodes and sim.ric.e2term.stats.nodes_lost == 1
 
     asyncio.run(_with_sim(body, n_sites_override=2))
+
+
+def test_unroutable_xapp_src_is_ignored_not_fatal():
+    async def body(sim, x):
+        e2t = sim.ric.e2term
+        before = e2t.routes
+        e2t.add_xapp("bad|name:1")  # what a control from a src no route table can name would cause
+        e2t.add_xapp("no-port")
+        assert e2t.routes == before and sim.ric.e2term_ep.ready
+        await _still_serves(sim, x)
+
+    asyncio.run(_with_sim(body))
