@@ -83,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compression", default="none", choices=("none", "bf16"))
     ap.add_argument("--eval-samples", type=int, default=64)
     ap.add_argument("--timeout-s", type=float, default=10.0, help="collectives / should_commit timeout")
+    ap.add_argument("--workers", type=int, default=1, help="processes at this site (one local gloo group)")
+    ap.add_argument("--worker-rank", type=int, default=0, help="0 = the site leader, the only one on the WAN")
+    ap.add_argument("--site-port", type=int, default=0, help="local rendezvous port when --workers > 1")
+    ap.add_argument("--local-compression", default="none", choices=("none", "bf16", "int8"))
     ap.add_argument("--log", required=True)
     args = ap.parse_args(argv)
 
@@ -92,7 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     from agent.model import GPTConfig
     from agent.trainer import Trainer
 
-    corpus = CharCorpus.shakespeare(seed=1000 + args.data_seed)   # every site its own samples
+    reducer = None
+    if args.workers > 1:
+        import torch.distributed as dist
+
+        from agent.crosssite.aggregate import SiteReducer
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.site_port}",
+                                rank=args.worker_rank, world_size=args.workers)
+        reducer = SiteReducer(rank=args.worker_rank, world_size=args.workers, group=dist.group.WORLD,
+                              compression=args.local_compression)
+    # every site, and every worker in it, draws its own samples
+    corpus = CharCorpus.shakespeare(seed=1000 + args.data_seed + 100 * args.worker_rank)
     trainer = Trainer(TrainConfig(model=GPTConfig(**TINY), seed=1337, eval_samples=args.eval_samples), corpus)
     duty = DutyCycle(tuple(float(x) for x in args.duty.split(",")))
     config = TierConfig(lighthouse_addr=args.lighthouse, site_id=args.site_id, round_ms=args.round_ms,
@@ -103,11 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     def emit(kind: str, **fields) -> None:
         log.write(json.dumps({"kind": kind, "pid": _pid(), "t": time.time(), **fields}) + "\n")
 
-    tier = CrossSiteTier(trainer.model, config,
+    tier = CrossSiteTier(trainer.model, config, reducer=reducer,
                          on_transfer_plan=lambda p: emit("transfer", **p.__dict__))
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    emit("start", site_id=args.site_id)
+    emit("start", site_id=args.site_id, worker_rank=args.worker_rank, workers=args.workers)
     done = 0
     try:
         while not stopping and (args.rounds == 0 or done < args.rounds):
@@ -119,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(args.round_ms / 1000)
                 continue
             val = trainer.evaluate() if rec.committed else math.nan
-            emit("round", val_loss=val, duty=duty.at(rec.round), **rec.to_json())
+            emit("round", val_loss=val, duty=duty.at(rec.round), worker_rank=args.worker_rank, **rec.to_json())
             done += 1
     finally:
         emit("stop", site_id=args.site_id)

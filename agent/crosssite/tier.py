@@ -235,7 +235,7 @@ class CrossSiteTier:
             self.sleep(max(0.0, c.boundary(k_next) - t_idle))
         t0 = self.clock()
         self._healed = False
-        head = torch.zeros(4, dtype=torch.float64)   # round, deadline, participants, step
+        head = torch.zeros(5, dtype=torch.float64)   # round, deadline, participants, step, errored
         if red.leader:
             self.manager.start_quorum()
             k, deadline = c.work_deadline(self.clock())
@@ -244,6 +244,7 @@ class CrossSiteTier:
             head[:2] = proposal
             head[2] = self.manager.num_participants()
             head[3] = self.manager.current_step()
+            head[4] = float(self.manager.errored() is not None)
         red.broadcast(head)
         if red.world_size > 1:   # a healed leader passes the global weights on to its workers
             red.broadcast(self.global_flat)
@@ -257,8 +258,8 @@ class CrossSiteTier:
                 window_start_unix_ms=int(deadline * 1000), deadline_unix_ms=int(c.boundary(k + 1) * 1000),
                 workers=red.world_size))
 
-        errored = red.leader and self.manager.errored() is not None
-        work = LocalWork(0, 0) if errored or not math.isfinite(deadline) else local_work(deadline)
+        # A round already broken (a peer died during the quorum) is not worth training for.
+        work = LocalWork(0, 0) if head[4] or not math.isfinite(deadline) else local_work(deadline)
         t_w = self.clock()
 
         stats_t = red.reduce_stats(stats_tensor(work))
