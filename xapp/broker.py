@@ -136,6 +136,14 @@ class LeaseBroker:
                 self.on_lease(issued, "revoked")
         return issued is not None
 
+    def drop(self, site_id: str, why: str) -> bool:
+        """Close a site's agent stream (e.g. it stopped heartbeating); its lease is revoked."""
+        s = self.sessions.get(site_id)
+        if s is None:
+            return False
+        self._drop(s, why)
+        return True
+
     def _drop(self, s: _Session, why: str) -> None:
         log.warning("site %s: closing agent stream (%s)", s.site_id, why)
         self.book.revoke(s.site_id)

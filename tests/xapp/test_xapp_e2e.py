@@ -1,0 +1,101 @@
+"""End to end: testbed (2 sites) + mini-RIC in this process, the xApp as a separate process, a minimal
+lease client as the agent, one real Redis for the R-NIB and the xApp's SDL.
+
+The xApp subscribes through SubMgr REST, receives KPM over RMR, sends slice-quota controls the nodes ACK
+and obey (the RAN model's quotas change), issues leases sized by the weaver policy, and revokes a site's
+lease as soon as that site's KPM goes stale."""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import aiohttp
+import pytest
+from xapp_harness import LeaseClient, SimBed, XappProcess, free_port, until, xapp_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture()
+def redis_env(redis_server, monkeypatch):
+    monkeypatch.setenv("DBAAS_SERVICE_HOST", redis_server["host"])
+    monkeypatch.setenv("DBAAS_SERVICE_PORT", str(redis_server["port"]))
+    return redis_server
+
+
+def test_end_to_end_quota_mode(tmp_path, redis_env, xapp_python):
+    asyncio.run(_e2e(tmp_path, redis_env, xapp_python))
+
+
+async def _submgr_list(tb: SimBed) -> list:
+    async with aiohttp.ClientSession() as s, s.get(tb.sim.ric.submgr_url + "/subscriptions") as r:
+        return await r.json()
+
+
+async def _e2e(tmp, redis, python):
+    rmr_port, broker_port = free_port(), free_port()
+    tb = await SimBed.start(tmp, rmr_port)
+    x = agent = None
+    try:
+        cfg = xapp_config(tb, tmp, rmr_port=rmr_port, broker_port=broker_port, mode="quota", stale_periods=1.5)
+        x = await XappProcess.start(python, cfg, redis, tmp / "xapp.log")
+        await x.wait_ready()
+        subs = await _submgr_list(tb)
+        assert len(subs) == 2, subs                               # one KPM subscription per node, via REST
+        agent = LeaseClient(broker_port, "site-0").start()
+
+        # quota controls: sent, ACKed, and obeyed by the RAN model (best-effort max ratio applied)
+        async def acked():
+            _, doc = await x.get("/api/v1/controls")
+            return [c for c in doc["controls"] if c["result"] == "ack" and c["kind"] == "quota"]
+        acks = await until(acked, 15, "an acknowledged quota control")
+        site0 = [c for c in acks if c["site"] == "site-0"] or acks
+        sst, sd, _, max_ratio = site0[-1]["quotas"][0]
+        node_cfg = tb.sim.nodes[0].node.config
+        be = [i for i, s in enumerate(node_cfg.slices) if (s.sst, s.sd) == (sst, sd)][0]
+        q = tb.sim.model.quota[0]                                  # (cells, slices, [min, max, ded]) in 0..1
+        assert all(abs(q[c, be, 1] - max_ratio / 100) < 1e-9 for c in range(node_cfg.n_cells)), q
+
+        # leases follow the policy: grant = C - E - guard, rounded down to 8, as the reason states
+        leases = await until(lambda: [lease for _, lease in agent.leases() if lease.sm_count > 0], 15, "a lease")
+        lease = leases[-1]
+        m = re.search(r"E=(\d+)", lease.reason)
+        assert m and lease.reason.startswith("weaver"), lease.reason
+        e = int(m.group(1))
+        assert lease.sm_count == (132 - e - 8) // 8 * 8 and lease.site_id == "site-0"
+        assert lease.valid_for_ms == 300 and lease.period_ms == 100
+        _, site = await x.get("/api/v1/sites/site-0")
+        assert site["estimate_source"] == "gpu" and site["agent"] == "test-agent"
+
+        # site-0's KPM stops: the lease is revoked within one period of the staleness limit
+        tb.muted.add(tb.meids[0])
+        await asyncio.sleep(0)
+        stop_t = time.monotonic()
+        last_kpm = tb.last_report[tb.meids[0]]
+        rv = await until(lambda: agent.revokes(after=stop_t), 5, "a revocation after KPM stopped")
+        delay = rv[0][0] - last_kpm
+        assert rv[0][1].reason == "stale-kpm"
+        assert delay <= 1.5 * 0.1 + 0.1 + 0.15, f"revoked {delay:.3f} s after the last KPM"   # jitter on 2 cores
+        n_before = len(agent.leases())
+        await asyncio.sleep(0.5)
+        assert all(lease.sm_count == 0 for _, lease in agent.leases()[n_before:])   # no renewal while stale
+
+        # the other site keeps being served; KPM returns -> leases return
+        _, s1 = await x.get("/api/v1/sites/site-1")
+        assert s1["fresh"] is True
+        tb.muted.clear()
+        await until(lambda: [lease for t, lease in agent.leases() if t > rv[0][0] and lease.sm_count > 0], 10,
+                    "a lease after KPM came back")
+        status, metrics = None, None
+        async with aiohttp.ClientSession() as s, s.get(x.rest + "/metrics") as r:
+            status, metrics = r.status, await r.text()
+        assert status == 200 and 'weaver_lease_revocations_total{reason="stale-kpm"}' in metrics
+    finally:
+        if agent:
+            await agent.close()
+        if x:
+            rc = await x.stop()
+            assert rc == 0, (tmp / "xapp.log").read_text()[-3000:]
+            assert await _submgr_list(tb) == []                     # clean stop: nothing leaks
+        await tb.close()

@@ -1,0 +1,71 @@
+"""`weaver-xapp` / `python -m xapp`: run the xApp until SIGTERM/SIGINT.
+
+Config from `--config` or `$CONFIG_FILE` (the OSC descriptor; only `controls` is read). Ports may be
+overridden for tests and single-host runs with WEAVER_REST_PORT, WEAVER_RMR_PORT, WEAVER_BROKER_LISTEN.
+Prints `weaver-xapp: <key> <value>` lines (rest, rmr, broker) and `weaver-xapp: ready` once serving.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from xapp.appmgr import register_if_configured
+from xapp.config import ConfigError, load_config
+from xapp.state import StateError
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="weaver-xapp", description="Weaver xApp: KPM in, RC control and GPU leases out")
+    p.add_argument("--config", default=os.environ.get("CONFIG_FILE"), help="descriptor/config file (CONFIG_FILE)")
+    p.add_argument("--keep-subscriptions", action="store_true",
+                   help="do not delete the KPM subscriptions on shutdown (a restarted xApp reuses them)")
+    p.add_argument("--log-level", default=None)
+    return p.parse_args(argv)
+
+
+async def serve(args) -> int:
+    from xapp.app import XappApp, env_overrides
+
+    cfg = load_config(args.config)
+    logging.getLogger().setLevel(args.log_level or cfg.log_level)
+    x = XappApp(cfg, config_path=args.config, keep_subscriptions=args.keep_subscriptions)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await x.start(**env_overrides())
+    except BaseException:
+        await x.stop()
+        raise
+    for key, value in (("rest", x.rest_port), ("rmr", x.rmr.port), ("broker", x.broker.port), ("epoch", x.epoch),
+                       ("sdl", x.store.backend)):
+        print(f"weaver-xapp: {key} {value}", flush=True)
+    print("weaver-xapp: ready", flush=True)
+    reg = asyncio.ensure_future(register_if_configured(x))
+    await stop.wait()
+    reg.cancel()
+    await x.stop()
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.config:
+        print("weaver-xapp: no config: pass --config or set CONFIG_FILE", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(serve(args))
+    except (ConfigError, StateError, OSError) as exc:
+        print(f"weaver-xapp: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,469 @@
+"""`weaver-xapp`: one asyncio process wiring RMR, SubMgr subscriptions, SDL, the control loop, the lease
+broker and the REST API. This is the I/O shell; every decision is made by `xapp.loop.step`.
+
+Start: config -> SDL snapshot (+1 broker epoch) -> RMR endpoint -> REST (health, notifications) ->
+broker -> node discovery and subscriptions (reusing the SubscriptionIds SDL remembers, so a restart
+neither duplicates nor leaks them) -> the loop task. Stop (SIGTERM/SIGINT): revoke every lease first,
+then delete the subscriptions (unless told to keep them), then close. Nothing here sleeps on a fixed
+schedule: the loop task waits for the next RMR message or `next_deadline`, whichever comes first.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+import aiohttp
+
+from e2sm import E2DecodeError
+from e2sm.kpm import (
+    ActionDefFormat1,
+    KpmActionDefinition,
+    KpmEventTrigger,
+    KpmVersion,
+    MeasInfo,
+    MeasLabel,
+    Snssai,
+    encode_action_definition,
+    encode_event_trigger,
+    kpm_version_from_oid,
+)
+from xapp.actuate import NodeControl, node_control, parse_control_reply
+from xapp.agents import AgentBook
+from xapp.broker import LeaseBroker
+from xapp.config import ConfigWatcher, XappConfig
+from xapp.ingest import Ingest, IngestError, KpmSample, KpmSubscription, meas_key
+from xapp.loop import (
+    ControlOutcome,
+    GrantLease,
+    Inputs,
+    RevokeLease,
+    SendControl,
+    new_state,
+    next_deadline,
+    policy_for,
+    set_node,
+    step,
+)
+from xapp.rmr import RmrError, RmrMessage, open_backend
+from xapp.rnib import E2Node, read_rnib, static_nodes
+from xapp.state import LeaseRecord, SiteRecord, SubscriptionRecord, XappStore, open_store
+from xapp.submgr import ActionSpec, SubmgrClient, SubmgrError, SubscriptionSpec
+
+log = logging.getLogger("weaver.xapp")
+
+MT_INDICATION, MT_CONTROL_REQ, MT_CONTROL_ACK, MT_CONTROL_FAILURE = 12050, 12040, 12041, 12042
+MT_ERROR_INDICATION = 10030
+
+
+@dataclass
+class Counters:
+    indications: int = 0
+    rmr_other: int = 0
+    controls_sent: int = 0
+    controls_acked: int = 0
+    controls_failed: int = 0
+    control_replies_bad: int = 0
+    grants: int = 0
+    revocations: dict = field(default_factory=dict)
+    send_errors: int = 0
+
+
+def kpm_measurements(cfg: XappConfig, site_id: str) -> tuple[MeasInfo, ...]:
+    """What we ask every node of a site for: the configured names, plus per-slice PRB counters of the
+    site's declared slices (quota sizing needs the best-effort share)."""
+    site = cfg.site(site_id)
+    out = [MeasInfo(n) for n in cfg.e2.kpm_measurements]
+    for s in (*site.protected_slices, *site.best_effort_slices):
+        out.append(MeasInfo("RRU.PrbUsedDl", (MeasLabel(Snssai(s.sst, s.sd)),)))
+    return tuple(out)
+
+
+class XappApp:
+    """The running xApp. REST handlers read it; only the loop task changes loop state."""
+
+    def __init__(self, cfg: XappConfig, *, config_path: str | None = None, keep_subscriptions: bool = False,
+                 clock=time.monotonic, wall=time.time) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.keep_subscriptions = keep_subscriptions
+        self.now, self.wall = clock, wall
+        self.started = clock()
+        self.counters = Counters()
+        self.controls_log: deque = deque(maxlen=1000)
+        self.ingest = Ingest()
+        self.store: XappStore | None = None
+        self.rmr = None
+        self.broker: LeaseBroker | None = None
+        self.submgr: SubmgrClient | None = None
+        self.http: aiohttp.ClientSession | None = None
+        self.rest_runner = None
+        self.rest_port = 0
+        self.nodes: dict[str, E2Node] = {}
+        self.node_controls: dict[str, NodeControl] = {}
+        self.subscriptions: dict[str, SubscriptionRecord] = {}      # meid -> live subscription
+        self.subscribe_errors: dict[str, str] = {}
+        self.state = new_state(cfg, clock())
+        self.samples: list[KpmSample] = []
+        self.results: list[ControlOutcome] = []
+        self.lost_nodes: set[str] = set()
+        self.watcher = ConfigWatcher(config_path) if config_path else None
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = False
+        self.epoch = 0
+
+    # ------------------------------------------------------------------ readiness
+    def readiness(self) -> dict[str, bool]:
+        subs_ok = all(m in self.subscriptions for s in self.cfg.sites for m in s.nodes)
+        return {"rmr": self.rmr is not None, "sdl": self.store is not None and self.store.healthy(),
+                "subscriptions": subs_ok, "broker": self.broker is not None and self.broker.server is not None}
+
+    # ------------------------------------------------------------------ start
+    async def start(self, *, rest_port: int | None = None, broker_listen: str | None = None,
+                    rmr_port: int | None = None) -> None:
+        from xapp.rest import start_rest
+
+        cfg = self.cfg
+        self.store = open_store(cfg.sdl_namespace)
+        snap = self.store.snapshot()
+        self.epoch = self.store.next_epoch()
+        log.info("SDL %s: %d subscriptions, %d sites, %d ledger entries; broker epoch %d", self.store.backend,
+                 len(snap.subscriptions), len(snap.sites), len(snap.leases), self.epoch)
+        self.state = new_state(cfg, self.now(), snap.cost_models)
+        for sid, rec in snap.sites.items():            # what the nodes last acknowledged
+            rt = self.state.sites.get(sid)
+            if rt is not None:
+                rt.acked_envelope = rec.envelope_sms
+        for lease in snap.leases:                       # a previous epoch's lease is never renewed
+            if not lease.ended and lease.epoch < self.epoch:
+                self.store.put_lease(replace(lease, ended="epoch-ended"))
+        self.rmr = await open_backend(cfg.rmr.backend, cfg.rmr.port if rmr_port is None else rmr_port,
+                                      cfg.rmr.route_table)
+        log.info("RMR (%s backend) on port %d", cfg.rmr.backend, self.rmr.port)
+        self.rest_runner, self.rest_port = await start_rest(self, cfg.rest.port if rest_port is None else rest_port)
+        log.info("REST on port %d", self.rest_port)
+        b = cfg.broker
+        self.broker = LeaseBroker(cfg, AgentBook(epoch=self.epoch, period_ms=cfg.period_ms,
+                                                 valid_periods=cfg.lease_valid_periods, heartbeat_ms=b.heartbeat_ms,
+                                                 timeout_heartbeats=b.agent_timeout_heartbeats),
+                                  now=self.now, wall=self.wall, on_lease=self._ledger)
+        port = await self.broker.start(broker_listen)
+        log.info("lease broker on port %d (epoch %d)", port, self.epoch)
+        self.http = aiohttp.ClientSession()
+        self.submgr = SubmgrClient(replace(cfg.submgr, http_port=self.rest_port or cfg.submgr.http_port,
+                                           rmr_port=self.rmr.port), self.http)
+        self._tasks = [asyncio.ensure_future(self._rx()), asyncio.ensure_future(self._run_loop()),
+                       asyncio.ensure_future(self._subscribe_all(snap.subscriptions))]
+        if self.watcher is not None:
+            self.watcher.poll()                         # the digest of the config we started with
+        self._tasks.append(asyncio.ensure_future(self._watch()))
+
+    # ------------------------------------------------------------------ discovery + subscriptions
+    def _discover(self) -> dict[str, E2Node]:
+        wanted = {m for s in self.cfg.sites for m in s.nodes}
+        if self.cfg.e2.discovery == "rnib":
+            nodes, problems = read_rnib(self.store.sdl)
+            for p in problems:
+                log.warning("R-NIB: %s", p)
+        else:
+            nodes = static_nodes(self.cfg.e2)
+        return {n.meid: n for n in nodes if n.meid in wanted}
+
+    def _spec(self, node: E2Node, xid: int) -> tuple[SubscriptionSpec, KpmVersion, tuple[MeasInfo, ...]]:
+        kpm = node.kpm
+        override = self.cfg.e2.kpm_version_override.get(node.meid)
+        version = {"v2.03": KpmVersion.V2_03, "v3.00": KpmVersion.V3_00}[override] if override else \
+            kpm_version_from_oid(kpm.oid)
+        site = self.cfg.site_of(node.meid)
+        meas = kpm_measurements(self.cfg, site.site_id)
+        trigger = encode_event_trigger(KpmEventTrigger(self.cfg.period_ms), version)
+        action = encode_action_definition(KpmActionDefinition(1, ActionDefFormat1(meas, self.cfg.period_ms)), version)
+        spec = SubscriptionSpec(meid=node.meid, ran_function_id=kpm.ran_function_id, xapp_event_instance_id=xid,
+                                event_trigger=trigger, actions=(ActionSpec(action_id=1, definition=action),))
+        return spec, version, meas
+
+    async def _subscribe_all(self, remembered: list[SubscriptionRecord]) -> None:
+        by_meid = {r.meid: r for r in remembered}
+        wanted = {m for s in self.cfg.sites for m in s.nodes}
+        # Subscriptions a previous run left for nodes we no longer want: delete, do not leak.
+        for r in remembered:
+            if r.meid not in wanted:
+                await self._delete_subscription(r)
+        delay = 0.2
+        while not self._stopping:
+            try:
+                nodes = self._discover()
+            except Exception as exc:  # noqa: BLE001 - SDL hiccup: retry
+                log.warning("node discovery failed: %s", exc)
+                nodes = {}
+            for meid in sorted(wanted - set(self.subscriptions)):
+                node = nodes.get(meid)
+                if node is None or not node.connected or node.kpm is None:
+                    self.subscribe_errors[meid] = "node not in R-NIB or not connected" if node is None or \
+                        not node.connected else "node has no KPM function"
+                    continue
+                self.nodes[meid] = node
+                nc = node_control(node, self.cfg.actuation)
+                self.node_controls[meid] = nc
+                set_node(self.state, nc)
+                await self._subscribe(node, by_meid.pop(meid, None))
+            if wanted <= set(self.subscriptions):
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def _subscribe(self, node: E2Node, old: SubscriptionRecord | None) -> None:
+        xid = sum(node.meid.encode()) % 60000 + 1
+        spec, version, meas = self._spec(node, xid)
+        keys = tuple(meas_key(m.name, m.labels[0]) for m in meas)
+        if old is not None and old.e2_event_instance_id and old.ran_function_id == spec.ran_function_id \
+                and old.period_ms == self.cfg.period_ms and old.kpm_version == version.name:
+            try:
+                live = {d.get("SubscriptionId") for d in await self.submgr.list() if isinstance(d, dict)}
+            except SubmgrError as exc:
+                live = None
+                log.warning("cannot list SubMgr subscriptions (%s); reusing %s unverified", exc, old.subscription_id)
+            if live is None or old.subscription_id in live:
+                log.info("%s: reusing subscription %s (sub_id %d)", node.meid, old.subscription_id,
+                         old.e2_event_instance_id)
+                self._activate(old, version, keys)
+                return
+        if old is not None:
+            await self._delete_subscription(old)
+        try:
+            out = await self.submgr.subscribe(spec)
+        except SubmgrError as exc:
+            self.subscribe_errors[node.meid] = str(exc)
+            log.warning("%s: subscription failed: %s", node.meid, exc)
+            return
+        rec = SubscriptionRecord(subscription_id=out.subscription_id, meid=node.meid,
+                                 ran_function_id=spec.ran_function_id, xapp_event_instance_id=xid,
+                                 e2_event_instance_id=out.e2_event_instance_id, kpm_version=version.name,
+                                 period_ms=self.cfg.period_ms, created_unix=self.wall())
+        self.store.put_subscription(rec)
+        log.info("%s: subscribed %s (sub_id %d, KPM %s)", node.meid, rec.subscription_id,
+                 rec.e2_event_instance_id, version.name)
+        self._activate(rec, version, keys)
+
+    def _activate(self, rec: SubscriptionRecord, version: KpmVersion, keys: tuple[str, ...]) -> None:
+        self.subscriptions[rec.meid] = rec
+        self.subscribe_errors.pop(rec.meid, None)
+        self.ingest.add(KpmSubscription(rec.e2_event_instance_id, rec.meid, rec.ran_function_id, version, keys))
+
+    async def _delete_subscription(self, rec: SubscriptionRecord) -> None:
+        try:
+            await self.submgr.unsubscribe(rec.subscription_id)
+        except SubmgrError as exc:
+            log.warning("could not delete subscription %s: %s", rec.subscription_id, exc)
+            return
+        self.store.delete_subscription(rec.meid, rec.ran_function_id)
+        self.ingest.remove(rec.e2_event_instance_id)
+        self.subscriptions.pop(rec.meid, None)
+
+    # ------------------------------------------------------------------ RMR in
+    async def _rx(self) -> None:
+        while True:
+            try:
+                msg = await self.rmr.receive()
+            except RmrError:
+                return
+            self.handle_rmr(msg)
+
+    def handle_rmr(self, msg: RmrMessage) -> None:
+        """One received RMR message; bad ones are counted and logged, nothing else changes."""
+        now = self.now()
+        if msg.mtype == MT_INDICATION:
+            try:
+                self.samples.append(self.ingest.indication(msg.sub_id, msg.meid, msg.payload, now))
+                self.counters.indications += 1
+            except IngestError as exc:
+                log.warning("indication dropped (node %r, mtype %d): %s", msg.meid, msg.mtype, exc)
+                return
+        elif msg.mtype in (MT_CONTROL_ACK, MT_CONTROL_FAILURE):
+            try:
+                r = parse_control_reply(msg.payload)
+            except (E2DecodeError, ValueError) as exc:
+                self.counters.control_replies_bad += 1
+                log.warning("control reply dropped (node %r, mtype %d): %s", msg.meid, msg.mtype, exc)
+                return
+            self.results.append(ControlOutcome(control_id=r.control_id, ok=r.ok, cause=r.cause))
+        else:
+            self.counters.rmr_other += 1
+            log.info("RMR mtype %d from %r ignored", msg.mtype, msg.meid)
+            return
+        self._wake.set()
+
+    # ------------------------------------------------------------------ the loop
+    async def _run_loop(self) -> None:
+        ticks = 0
+        while not self._stopping:
+            timeout = max(0.0, next_deadline(self.state) - self.now())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+            ticked = self.now() >= self.state.next_tick
+            await self.tick()
+            if ticked:
+                ticks += 1
+                if ticks % 50 == 0:
+                    self._save_cost_models()
+
+    async def tick(self) -> None:
+        if self.broker is not None:
+            for site_id in self.broker.book.lost(self.now()):       # silent agent: drop stream and lease
+                if self.broker.drop(site_id, "no heartbeat"):
+                    self.counters.revocations["lost-agent"] = self.counters.revocations.get("lost-agent", 0) + 1
+        agents = frozenset(self.broker.sessions) if self.broker else frozenset()
+        inputs = Inputs(samples=tuple(self.samples), results=tuple(self.results), agents=agents,
+                        lost_nodes=frozenset(self.lost_nodes))
+        self.samples, self.results = [], []
+        results = {r.control_id: r for r in inputs.results}
+        pending = dict(self.state.pending)
+        _, actions = step(self.state, self.now(), inputs)
+        for cid, r in results.items():
+            p = pending.get(cid)
+            if p is not None:
+                self._control_done(p.control, "ack" if r.ok else f"failure {r.cause}")
+        for cid, p in pending.items():
+            if cid not in self.state.pending and cid not in results:
+                self._control_done(p.control, "timeout")
+        for a in actions:
+            await self._perform(a)
+
+    def _control_done(self, c: SendControl, outcome: str) -> None:
+        if outcome == "ack":
+            self.counters.controls_acked += 1
+            rt = self.state.sites[c.site_id]
+            caps = tuple((c.meid, q.sst, q.sd if q.sd is not None else -1, q.max_ratio) for q in c.quotas)
+            self.store.put_site(SiteRecord(site_id=c.site_id, envelope_sms=c.envelope_sms,
+                                           mode=self.node_controls[c.meid].mode if c.meid in self.node_controls
+                                           else c.kind, caps=caps, updated_unix=self.wall()))
+            rt.acked_caps = c.quotas or rt.acked_caps
+        else:
+            self.counters.controls_failed += 1
+        self.controls_log.append({"t": self.wall(), "site": c.site_id, "meid": c.meid, "kind": c.kind,
+                                  "envelope_sms": c.envelope_sms, "control_id": c.control_id, "result": outcome,
+                                  "quotas": [[q.sst, q.sd, q.min_ratio, q.max_ratio] for q in c.quotas]})
+
+    async def _perform(self, a) -> None:
+        if isinstance(a, SendControl):
+            msg = RmrMessage(mtype=MT_CONTROL_REQ, payload=a.payload, meid=a.meid, sub_id=-1)
+            try:
+                await self.rmr.send(msg)
+                self.counters.controls_sent += 1
+                self.controls_log.append({"t": self.wall(), "site": a.site_id, "meid": a.meid, "kind": a.kind,
+                                          "envelope_sms": a.envelope_sms, "control_id": a.control_id,
+                                          "result": "sent",
+                                          "quotas": [[q.sst, q.sd, q.min_ratio, q.max_ratio] for q in a.quotas]})
+            except RmrError as exc:
+                # Unsent = unacknowledged: the loop's ACK timeout turns it into a fail-safe revoke.
+                self.counters.send_errors += 1
+                log.warning("control to %s not sent: %s", a.meid, exc)
+        elif isinstance(a, GrantLease):
+            if self.broker.grant(a.site_id, a.sm_count, a.reason) is not None:
+                self.counters.grants += 1
+        elif isinstance(a, RevokeLease):
+            self.broker.revoke(a.site_id, a.reason)
+            self.counters.revocations[a.reason.split(":")[0]] = \
+                self.counters.revocations.get(a.reason.split(":")[0], 0) + 1
+            log.info("site %s: lease revoked (%s)", a.site_id, a.reason)
+
+    def _ledger(self, issued, what: str) -> None:
+        lease = issued.lease
+        rec = LeaseRecord(lease_id=lease.lease_id, site_id=lease.site_id, sm_count=lease.sm_count, epoch=lease.epoch,
+                          seq=lease.seq, issued_unix=issued.issued_unix, valid_until_unix=issued.valid_until_unix,
+                          reason=lease.reason, ended="" if what == "granted" else "revoked")
+        try:
+            self.store.put_lease(rec)
+            if lease.seq > 1 and what == "granted":   # the renewal replaces the previous lease
+                self.store.sdl.delete(self.store.ns, f"lease/{lease.site_id}.{lease.epoch}.{lease.seq - 1}")
+        except Exception as exc:  # noqa: BLE001 - SDL down: the lease still expires on its own
+            log.warning("lease ledger write failed: %s", exc)
+
+    def _save_cost_models(self) -> None:
+        try:
+            for sid, rt in self.state.sites.items():
+                if rt.estimator.model.n:
+                    self.store.put_cost_model(sid, rt.estimator.model.to_dict())
+        except Exception as exc:  # noqa: BLE001
+            log.warning("cost model not saved: %s", exc)
+
+    # ------------------------------------------------------------------ config
+    async def _watch(self) -> None:
+        """Once a second: config file (content hash) and node connection state in the R-NIB."""
+        while not self._stopping:
+            await asyncio.sleep(1.0)
+            if self.watcher is not None:
+                change = self.watcher.poll()
+                if change is not None:
+                    self.apply_config(change.config)
+            if self.cfg.e2.discovery == "rnib":
+                try:
+                    nodes, _ = read_rnib(self.store.sdl)
+                except Exception as exc:  # noqa: BLE001 - SDL hiccup: keep the last view
+                    log.warning("R-NIB poll failed: %s", exc)
+                    continue
+                lost = {n.meid for n in nodes if not n.connected and n.meid in self.nodes}
+                if lost != self.lost_nodes:
+                    log.warning("E2 nodes disconnected: %s", sorted(lost) or "none")
+                    self.lost_nodes = lost
+                    self._wake.set()
+
+    def apply_config(self, cfg: XappConfig) -> str | None:
+        """Take a new, already validated config live. Site/node layout changes need a restart (refused)."""
+        old = self.cfg
+        if [(s.site_id, s.nodes) for s in cfg.sites] != [(s.site_id, s.nodes) for s in old.sites] or \
+                cfg.period_ms != old.period_ms or cfg.rmr != old.rmr or cfg.broker.listen != old.broker.listen:
+            why = "sites, nodes, period, RMR or broker address changed: restart the xApp to apply"
+            log.error("config not applied: %s", why)
+            return why
+        self.cfg = cfg
+        self.state.cfg = cfg
+        for rt in self.state.sites.values():
+            rt.cfg = cfg.site(rt.cfg.site_id)
+            modes = {n.mode for n in rt.nodes.values()}
+            rt.policy = policy_for(cfg, "envelope" if "envelope" in modes else "quota" if "quota" in modes
+                                   else "envelope")
+        if self.broker is not None:
+            self.broker.cfg = cfg
+        log.info("config applied (policy %s)", cfg.policy.name)
+        return None
+
+    # ------------------------------------------------------------------ stop
+    async def stop(self) -> None:
+        """RAN first: revoke every lease, then unsubscribe (unless kept), then close."""
+        self._stopping = True
+        self._wake.set()
+        if self.broker is not None:
+            await self.broker.stop(0.5)
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.submgr is not None and not self.keep_subscriptions:
+            for rec in list(self.subscriptions.values()):
+                await self._delete_subscription(rec)
+        if self.store is not None:
+            self._save_cost_models()
+        if self.http is not None:
+            await self.http.close()
+        if self.rest_runner is not None:
+            await self.rest_runner.cleanup()
+        if self.rmr is not None:
+            await self.rmr.close()
+        log.info("stopped")
+
+
+def env_overrides(env=os.environ) -> dict:
+    """Ports from the environment (tests and `weaver up` run several processes on one host)."""
+    out = {}
+    for key, name in (("rest_port", "WEAVER_REST_PORT"), ("rmr_port", "WEAVER_RMR_PORT")):
+        if env.get(name):
+            out[key] = int(env[name])
+    if env.get("WEAVER_BROKER_LISTEN"):
+        out["broker_listen"] = env["WEAVER_BROKER_LISTEN"]
+    return out

@@ -1,0 +1,293 @@
+"""The operator REST API (aiohttp) over a running `XappApp`; thin adapters, one library call each.
+
+Health: `/ric/v1/health/alive`, `/ric/v1/health/ready` (503 with the failing parts until RMR, SDL and
+every subscription are up). SubMgr notifications: `POST /ric/v1/subscriptions/response`. Operator API
+under `/api/v1` (config GET / PUT behind `Authorization: Bearer <token>`; sites; time series; agents;
+controls; cross-site transfer windows), Prometheus text at `/metrics`, the OpenAPI document at
+`/openapi.json`, and the dashboard's static files from `xapp/static/` under `/static/` (`/` redirects).
+Every error is JSON `{"error": ...}` with a 4xx status; a refused request changes nothing.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from xapp.config import ConfigError, XappConfig
+from xapp.submgr import SubmgrError
+
+if TYPE_CHECKING:
+    from xapp.app import XappApp
+
+STATIC = Path(__file__).resolve().parent / "static"
+MAX_BODY = 256 * 1024
+APP_KEY = web.AppKey("xapp", object)
+
+
+def _err(status: int, msg: str) -> web.Response:
+    return web.json_response({"error": msg}, status=status)
+
+
+def _x(request) -> XappApp:
+    return request.app[APP_KEY]
+
+
+async def _json_body(request) -> object:
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY, actual_size=request.content_length)
+    raw = await request.read()
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"body is not JSON: {exc}") from None
+
+
+def _num(v):
+    return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
+
+
+async def alive(request):
+    return web.json_response({"alive": True})
+
+
+async def ready(request):
+    parts = _x(request).readiness()
+    return web.json_response({"ready": all(parts.values()), **parts}, status=200 if all(parts.values()) else 503)
+
+
+async def notification(request):
+    try:
+        doc = await _json_body(request)
+        resp = _x(request).submgr.on_notification(doc)
+    except (ValueError, SubmgrError) as exc:
+        return _err(400, str(exc))
+    return web.json_response({"accepted": resp.subscription_id})
+
+
+async def get_config(request):
+    x = _x(request)
+    return web.json_response({"controls": x.cfg.controls, "reload_error": x.watcher.last_error if x.watcher else None})
+
+
+async def put_config(request):
+    x = _x(request)
+    token = x.cfg.rest.token()
+    if token is None:
+        return _err(403, "config updates are disabled: set the env var named by rest.config_token_env")
+    given = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        return _err(401, "missing or wrong bearer token")
+    try:
+        doc = await _json_body(request)
+        if isinstance(doc, dict) and "controls" in doc:
+            doc = doc["controls"]
+        cfg = XappConfig.from_controls(doc)
+    except (ValueError, ConfigError) as exc:
+        return _err(400, str(exc))
+    why = x.apply_config(cfg)
+    if why:
+        return _err(409, why)
+    return web.json_response({"applied": True, "policy": cfg.policy.name})
+
+
+def site_view(x: XappApp, site_id: str) -> dict:
+    rt = x.state.sites[site_id]
+    now = x.now()
+    ages = {m: round(now - s.received, 3) for m, s in rt.last.items()}
+    agent = x.broker.book.agents.get(site_id) if x.broker else None
+    usage = None
+    if agent is not None and agent.usage:
+        t, used, granted, overrun, steps, tokens, loss, mode = agent.usage[-1]
+        usage = {"sm_ms_used": used, "sm_ms_granted": granted, "overrun_ms": overrun, "steps": steps,
+                 "tokens": tokens, "loss": _num(loss), "mode": mode, "age_s": round(now - t, 3)}
+    lease = x.broker.book.leases.get(site_id) if x.broker else None
+    v = rt.last_view
+    est = rt.last_estimate
+    return {
+        "site_id": site_id, "gpu_sms": rt.cfg.gpu_sms, "granularity": rt.cfg.granularity,
+        "nodes": {m: {"mode": nc.mode, "note": nc.note} for m, nc in rt.nodes.items()},
+        "envelope_sms": v.envelope_sms if v else None, "acked_envelope_sms": rt.acked_envelope,
+        "caps": [[q.sst, q.sd, q.min_ratio, q.max_ratio] for q in rt.acked_caps],
+        "grant_sms": rt.grant_sms, "lease": {"lease_id": lease.lease.lease_id, "sm_count": lease.lease.sm_count,
+                                             "seq": lease.lease.seq, "epoch": lease.lease.epoch} if lease else None,
+        "demand_mean_sms": _num(est.mean) if est else None, "demand_peak_sms": _num(est.peak) if est else None,
+        "estimate_source": est.source if est else "none", "misses_reported": rt.misses,
+        "kpm_age_s": ages, "fresh": v.fresh if v else False, "reason": v.reason if v else "",
+        "agent": agent.reg.agent_id if agent else None, "usage": usage,
+    }
+
+
+async def sites(request):
+    x = _x(request)
+    return web.json_response({"sites": [site_view(x, s) for s in x.state.sites]})
+
+
+async def site(request):
+    x = _x(request)
+    sid = request.match_info["site"]
+    if sid not in x.state.sites:
+        return _err(404, f"unknown site {sid!r}")
+    return web.json_response(site_view(x, sid))
+
+
+async def series(request):
+    x = _x(request)
+    sid = request.match_info["site"]
+    if sid not in x.state.sites:
+        return _err(404, f"unknown site {sid!r}")
+    try:
+        minutes = float(request.query.get("minutes", x.cfg.rest.history_minutes))
+        if not 0 < minutes <= 1440:
+            raise ValueError
+    except ValueError:
+        return _err(400, "minutes must be a number in (0, 1440]")
+    since = x.now() - minutes * 60
+    offset = x.wall() - x.now()
+    pts = [{"t": round(v.t + offset, 3), "envelope_sms": v.envelope_sms, "grant_sms": v.grant_sms,
+            "demand_mean_sms": _num(v.demand_mean), "demand_peak_sms": _num(v.demand_peak), "source": v.source,
+            "fresh": v.fresh} for v in x.state.sites[sid].views if v.t >= since]
+    return web.json_response({"site_id": sid, "minutes": minutes, "points": pts})
+
+
+async def agents(request):
+    x = _x(request)
+    out = []
+    for sid, a in (x.broker.book.agents.items() if x.broker else ()):
+        r = a.reg
+        out.append({"site_id": sid, "agent_id": r.agent_id, "kind": r.kind, "sm_count": r.sm_count,
+                    "granularity": r.granularity, "mode": r.mode, "capabilities": list(r.capabilities),
+                    "last_seen_s": round(x.now() - a.last_seen, 3), "reports": a.reports})
+    return web.json_response({"agents": out, "epoch": x.epoch})
+
+
+async def controls(request):
+    return web.json_response({"controls": list(_x(request).controls_log)[-200:]})
+
+
+async def transfers(request):
+    x = _x(request)
+    out = []
+    for sid, a in (x.broker.book.agents.items() if x.broker else ()):
+        for rnd, nbytes, deadline, workers in a.transfers:
+            out.append({"site_id": sid, "round": rnd, "bytes": nbytes, "deadline_unix_ms": deadline,
+                        "workers": workers})
+    return web.json_response({"transfers": out})
+
+
+async def metrics(request):
+    x = _x(request)
+    c = x.counters
+    lines = ["# TYPE weaver_indications_total counter", f"weaver_indications_total {c.indications}",
+             "# TYPE weaver_ingest_errors_total counter"]
+    lines += [f'weaver_ingest_errors_total{{kind="{k}"}} {v}' for k, v in sorted(x.ingest.errors.items())]
+    lines += ["# TYPE weaver_controls_total counter",
+              f'weaver_controls_total{{result="sent"}} {c.controls_sent}',
+              f'weaver_controls_total{{result="ack"}} {c.controls_acked}',
+              f'weaver_controls_total{{result="failed"}} {c.controls_failed}',
+              "# TYPE weaver_lease_grants_total counter", f"weaver_lease_grants_total {c.grants}",
+              "# TYPE weaver_lease_revocations_total counter"]
+    lines += [f'weaver_lease_revocations_total{{reason="{k}"}} {v}' for k, v in sorted(c.revocations.items())]
+    lines += ["# TYPE weaver_agents_connected gauge",
+              f"weaver_agents_connected {len(x.broker.sessions) if x.broker else 0}"]
+    for name in ("grant_sms", "envelope_sms", "demand_mean_sms", "kpm_age_seconds", "misses_reported"):
+        lines.append(f"# TYPE weaver_site_{name} gauge")
+        for sid, rt in x.state.sites.items():
+            v = rt.last_view
+            val = {"grant_sms": rt.grant_sms, "envelope_sms": v.envelope_sms if v else None,
+                   "demand_mean_sms": rt.last_estimate.mean if rt.last_estimate else None,
+                   "kpm_age_seconds": max((x.now() - s.received for s in rt.last.values()), default=None),
+                   "misses_reported": rt.misses}[name]
+            if val is not None:
+                lines.append(f'weaver_site_{name}{{site="{sid}"}} {val}')
+    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8")
+
+
+def openapi_spec() -> dict:
+    def op(summary, responses=None, **extra):
+        return {"summary": summary, "responses": responses or {"200": {"description": "OK"}}, **extra}
+    site_param = [{"name": "site", "in": "path", "required": True, "schema": {"type": "string"}}]
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "Weaver xApp", "version": "0.1.0",
+                 "description": "KPM in, compute-smoothing RC control and GPU leases out."},
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+                       "schemas": {"Error": {"type": "object", "properties": {"error": {"type": "string"}}}}},
+        "paths": {
+            "/ric/v1/health/alive": {"get": op("liveness")},
+            "/ric/v1/health/ready": {"get": op("readiness: RMR, SDL and subscriptions up",
+                                               {"200": {"description": "ready"}, "503": {"description": "not ready"}})},
+            "/ric/v1/subscriptions/response": {"post": op("SubMgr subscription notification",
+                                                          {"200": {"description": "accepted"},
+                                                           "400": {"description": "malformed"}})},
+            "/api/v1/config": {"get": op("current controls"),
+                               "put": op("replace controls (validated against schema.json)",
+                                         {"200": {"description": "applied"}, "400": {"description": "invalid"},
+                                          "401": {"description": "bad token"}, "409": {"description": "needs restart"}},
+                                         security=[{"bearer": []}])},
+            "/api/v1/sites": {"get": op("per-site state: envelope, caps, grant, usage, misses, KPM age")},
+            "/api/v1/sites/{site}": {"get": op("one site", {"200": {"description": "OK"},
+                                                            "404": {"description": "unknown site"}},
+                                               parameters=site_param)},
+            "/api/v1/sites/{site}/series": {"get": op("time series of the last N minutes", parameters=site_param + [
+                {"name": "minutes", "in": "query", "schema": {"type": "number"}}])},
+            "/api/v1/agents": {"get": op("connected agents")},
+            "/api/v1/controls": {"get": op("RC controls log")},
+            "/api/v1/transfers": {"get": op("planned cross-site transfer windows (site, bytes, deadline, round)")},
+            "/metrics": {"get": op("Prometheus metrics")},
+        },
+    }
+
+
+async def openapi(request):
+    return web.json_response(openapi_spec())
+
+
+async def index(request):
+    raise web.HTTPFound("/static/index.html")
+
+
+@web.middleware
+async def json_errors(request, handler):
+    try:
+        return await handler(request)
+    except web.HTTPRequestEntityTooLarge:
+        return _err(413, f"body larger than {MAX_BODY} bytes")
+    except web.HTTPMethodNotAllowed as exc:
+        return _err(405, f"{request.method} not allowed on {request.path} (allowed: {sorted(exc.allowed_methods)})")
+    except web.HTTPNotFound:
+        return _err(404, f"no such path {request.path}")
+
+
+def build_app(x: XappApp) -> web.Application:
+    app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY)
+    app[APP_KEY] = x
+    r = app.router
+    r.add_get("/ric/v1/health/alive", alive)
+    r.add_get("/ric/v1/health/ready", ready)
+    r.add_post("/ric/v1/subscriptions/response", notification)
+    r.add_get("/api/v1/config", get_config)
+    r.add_put("/api/v1/config", put_config)
+    r.add_get("/api/v1/sites", sites)
+    r.add_get("/api/v1/sites/{site}", site)
+    r.add_get("/api/v1/sites/{site}/series", series)
+    r.add_get("/api/v1/agents", agents)
+    r.add_get("/api/v1/controls", controls)
+    r.add_get("/api/v1/transfers", transfers)
+    r.add_get("/metrics", metrics)
+    r.add_get("/openapi.json", openapi)
+    r.add_get("/", index)
+    if STATIC.is_dir():
+        r.add_static("/static/", STATIC)
+    return app
+
+
+async def start_rest(x: XappApp, port: int, host: str = "0.0.0.0") -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(build_app(x), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]
