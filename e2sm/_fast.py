@@ -13,11 +13,16 @@ from __future__ import annotations
 
 from e2sm.e2ap import RicIndication, RicRequestId
 
-__all__ = ["Unsupported", "decode_ric_indication", "encode_ric_indication"]
+__all__ = ["Invalid", "Unsupported", "decode_ric_indication", "encode_ric_indication"]
 
 
 class Unsupported(Exception):
     """The fast reader does not handle these bytes; decode them on the reference path."""
+
+
+class Invalid(Unsupported):
+    """The fast reader is sure the reference path refuses these bytes too (it read every field as the
+    reference would, then found a truncation, trailing data or a violated constraint)."""
 
 
 # RICindication IE ids (E2AP v2 section 9.1.1.7) and the ones that must be present.

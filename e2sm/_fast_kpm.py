@@ -5,7 +5,10 @@ They return the same `e2sm.kpm` dataclasses as the asn1tools reference path, for
 they recognise: root values only (every extension bit 0), zero padding bits, minimal lengths, no
 fragmentation, the labels Weaver models (noLabel, sliceID), every constraint met, the whole input consumed.
 For anything else they raise `Unsupported` and `e2sm.kpm` decodes the bytes with asn1tools under
-`check_constraints=True`, which returns the value or raises E2DecodeError. So bad input behaves the same on
+`check_constraints=True`, which returns the value or raises E2DecodeError. `Invalid` (a subclass) says more:
+the parse got as far as asn1tools' would, field for field, and then found what makes `e2sm.kpm` refuse the
+bytes (too short or too long, a size or range outside its constraint, a non-PrintableString character), so
+a caller may raise E2DecodeError without asking asn1tools. So bad input behaves the same on
 both paths by construction; tests/e2sm/test_fast_kpm.py checks that accepted input gives the same value.
 
 Bit layout reminders (X.691): a constrained whole number with range <= 255 is a bit-field, 256 is one
@@ -21,7 +24,7 @@ from typing import Any
 from asn1tools.codecs import ber as _ber
 
 from e2sm import _asn1
-from e2sm._fast import Unsupported
+from e2sm._fast import Invalid, Unsupported
 from e2sm.kpm import (
     IndicationMessageFormat1,
     KpmIndicationHeader,
@@ -31,7 +34,7 @@ from e2sm.kpm import (
     Snssai,
 )
 
-__all__ = ["Unsupported", "decode_indication_header", "decode_indication_message", "encode_indication_header",
+__all__ = ["Invalid", "Unsupported", "decode_indication_header", "decode_indication_message", "encode_indication_header",
            "encode_indication_message"]
 
 _PRINTABLE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 '()+,-./:=?")
@@ -82,7 +85,7 @@ def _string(buf: bytes, pos: int, n: int) -> tuple[str, int]:
     i = pos >> 3
     raw = buf[i:i + n]
     if not _PRINTABLE.issuperset(raw):
-        raise Unsupported("not a PrintableString")
+        raise Invalid("not a PrintableString")
     return raw.decode("ascii"), pos + 8 * n
 
 
@@ -117,19 +120,34 @@ def decode_indication_header(data: bytes, version: KpmVersion) -> KpmIndicationH
     """E2SM-KPM-IndicationHeader format 1 (TimeStamp of 4 octets in v2.03, 8 in v3.00), or Unsupported."""
     try:
         return _header(data, version.timestamp_octets)
-    except (IndexError, ValueError, OverflowError):
+    except IndexError:
+        raise Invalid("truncated") from None
+    except (ValueError, OverflowError):
         raise Unsupported("shape") from None
 
 
+def _skip_pad(buf: bytes, pos: int) -> tuple[int, bool]:
+    """Next octet boundary, and whether the skipped padding bits were non-zero."""
+    r = pos & 7
+    if not r:
+        return pos, False
+    return pos + 8 - r, bool(buf[pos >> 3] & (0xFF >> r))
+
+
 def _header(data: bytes, ts_octets: int) -> KpmIndicationHeader:
+    # Padding bits are read leniently here (asn1tools ignores their values, so the parse stays the
+    # same) and only decide between a value and Unsupported at the end. That keeps Invalid available
+    # for the common question "are these v3.00 bytes also a valid v2.03 header?", whose TimeStamp
+    # fraction octets land in padding positions.
     if not 0 < len(data) <= _asn1.MAX_PAYLOAD:
-        raise Unsupported("size")
+        raise Invalid("size")
     nbits = 8 * len(data)
     buf = data + b"\0\0\0"
     # 3 extension bits (message, formats CHOICE, format 1), 4 presence bits, 1 pad bit
     head = buf[0]
-    if head & 0xE1:
-        raise Unsupported("extension or padding bit")
+    if head & 0xE0:
+        raise Unsupported("extension bit")
+    dirty = bool(head & 1)
     present = head >> 1
     i = 1 + ts_octets
     collect = int.from_bytes(buf[1:i], "big")
@@ -139,21 +157,34 @@ def _header(data: bytes, ts_octets: int) -> KpmIndicationHeader:
     for k, (bit, len_bits, ub) in enumerate(((8, 4, 15), (4, 0, 400), (2, 4, 8), (1, 6, 32))):
         if not present & bit:
             continue
-        if _bits(buf, pos, 1):
-            raise Unsupported("size extension")
+        if _bits(buf, pos, 1):      # asn1tools 0.169 cannot decode string size extensions at all
+            raise Invalid("string size extension")
         pos += 1
         if len_bits:
             n = _bits(buf, pos, len_bits)
             pos += len_bits
         else:
-            pos = _align(buf, pos)
+            pos, pad = _skip_pad(buf, pos)
+            dirty |= pad
             n = (buf[pos >> 3] << 8) | buf[(pos >> 3) + 1]
             pos += 16
         if n > ub:
-            raise Unsupported("string length")
-        strings[k], pos = _string(buf, pos, n)
-    if _align(buf, pos) != nbits or pos > nbits:
-        raise Unsupported("trailing or missing bits")
+            raise Invalid("string length")
+        if n:
+            pos, pad = _skip_pad(buf, pos)
+            dirty |= pad
+            raw = buf[pos >> 3:(pos >> 3) + n]
+            if not _PRINTABLE.issuperset(raw):
+                raise Invalid("not a PrintableString")
+            strings[k] = raw.decode("ascii")
+            pos += 8 * n
+        else:
+            strings[k] = ""
+    end, pad = _skip_pad(buf, pos)
+    if pos > nbits or end != nbits:
+        raise Invalid("trailing or missing bits")
+    if dirty or pad:
+        raise Unsupported("non-zero padding")
     return KpmIndicationHeader(collect, *strings)
 
 
@@ -161,13 +192,15 @@ def decode_indication_message(data: bytes, version: KpmVersion) -> IndicationMes
     """E2SM-KPM-IndicationMessage format 1 (the same bytes in v2.03 and v3.00), or Unsupported."""
     try:
         return _message(data)
-    except (IndexError, ValueError, OverflowError):
+    except IndexError:
+        raise Invalid("truncated") from None
+    except (ValueError, OverflowError):
         raise Unsupported("shape") from None
 
 
 def _message(data: bytes) -> IndicationMessageFormat1:  # noqa: C901 - one pass over the PER fields
     if not 0 < len(data) <= _asn1.MAX_PAYLOAD:
-        raise Unsupported("size")
+        raise Invalid("size")
     nbits = 8 * len(data)
     buf = data + b"\0\0\0"
     # ext(message) ext(formats) index(1 bit: format 1) ext(format 1) measInfoList? granulPeriod? + 2 pad
@@ -177,7 +210,7 @@ def _message(data: bytes) -> IndicationMessageFormat1:  # noqa: C901 - one pass 
     has_info, has_period = head & 0x08, head & 0x04
     count = ((buf[1] << 8) | buf[2]) + 1               # MeasurementData SIZE(1..65535)
     if count > 65535:
-        raise Unsupported("MeasurementData size")
+        raise Invalid("MeasurementData size")
     pos = 24
     records = []
     incomplete = []
@@ -189,7 +222,7 @@ def _message(data: bytes) -> IndicationMessageFormat1:  # noqa: C901 - one pass 
         pos = _align(buf, pos + 2)
         n, pos = _length(buf, pos)                      # MeasurementRecord SIZE(1..2^31-1): plain count
         if n == 0:
-            raise Unsupported("empty record")
+            raise Invalid("empty record")
         record = []
         append = record.append
         for _ in range(n):
@@ -231,7 +264,7 @@ def _message(data: bytes) -> IndicationMessageFormat1:  # noqa: C901 - one pass 
             else:
                 raise Unsupported("MeasurementRecordItem extension")
         if pos > nbits:
-            raise Unsupported("truncated")
+            raise Invalid("truncated")
         if flags & 1:                                   # incompleteFlag ENUMERATED {true, ...}: ext bit
             if _bits(buf, pos, 1):
                 raise Unsupported("incompleteFlag extension")
@@ -267,7 +300,7 @@ def _tail(buf: bytes, pos: int, nbits: int, has_info: int, has_period: int) -> t
         i = pos >> 3
         n_info = ((buf[i] << 8) | buf[i + 1]) + 1       # MeasurementInfoList SIZE(1..65535)
         if n_info > 65535:
-            raise Unsupported("MeasurementInfoList size")
+            raise Invalid("MeasurementInfoList size")
         pos += 16
         infos = []
         for _ in range(n_info):
@@ -278,11 +311,11 @@ def _tail(buf: bytes, pos: int, nbits: int, has_info: int, has_period: int) -> t
             pos += 3
             if head3 == 0:                              # measName PrintableString (SIZE(1..150, ...))
                 w = _bits(buf, pos, 9)
-                if w & 0x100:
-                    raise Unsupported("measName size extension")
+                if w & 0x100:           # asn1tools 0.169 cannot decode string size extensions at all
+                    raise Invalid("measName size extension")
                 size = (w & 0xFF) + 1
                 if size > 150:
-                    raise Unsupported("measName length")
+                    raise Invalid("measName length")
                 name, pos = _string(buf, pos + 9, size)
             else:                                       # measID INTEGER (1..65536, ...): ext bit, 2 octets
                 if _bits(buf, pos, 1):
@@ -294,7 +327,7 @@ def _tail(buf: bytes, pos: int, nbits: int, has_info: int, has_period: int) -> t
             pos = _align(buf, pos)
             n_labels, pos = _length(buf, pos)           # LabelInfoList SIZE(1..2^31-1): plain count
             if n_labels == 0:
-                raise Unsupported("empty label list")
+                raise Invalid("empty label list")
             labels = []
             for _ in range(n_labels):
                 w = (_bits(buf, pos, 12) << 11) | _bits(buf, pos + 12, 11)
@@ -321,7 +354,7 @@ def _tail(buf: bytes, pos: int, nbits: int, has_info: int, has_period: int) -> t
                     raise Unsupported("label kind")
             infos.append(MeasInfo(name, tuple(labels)))
             if pos > nbits:
-                raise Unsupported("truncated")
+                raise Invalid("truncated")
         meas_info = tuple(infos)
     period = None
     if has_period:                                      # GranularityPeriod INTEGER (1..2^32-1)
@@ -333,9 +366,9 @@ def _tail(buf: bytes, pos: int, nbits: int, has_info: int, has_period: int) -> t
         period = int.from_bytes(buf[i:i + k], "big") + 1
         pos += 8 * k
         if period > _U32:
-            raise Unsupported("granulPeriod range")
+            raise Invalid("granulPeriod range")
     if pos > nbits or _align(buf, pos) != nbits:
-        raise Unsupported("trailing or missing bits")
+        raise Invalid("trailing or missing bits")
     return meas_info, period
 
 
