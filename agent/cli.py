@@ -64,7 +64,8 @@ def _bar(used: float, budget: float, width: int = 20) -> str:
 def format_status(st: lease_pb2.AgentStatus) -> str:
     lease = (f"{st.lease.lease_id} ({st.lease.sm_count} units, duty {st.lease.duty:.2f}, "
              f"{st.lease_remaining_ms:.0f} ms left)" if st.lease.lease_id else "none")
-    rows = [("site", st.site_id), ("agent", st.agent_id), ("mode", st.mode), ("device", st.device),
+    mode = f"{st.mode} ({st.mode_reason})" if st.mode_reason else st.mode
+    rows = [("site", st.site_id), ("agent", st.agent_id), ("mode", mode), ("device", st.device),
             ("broker", f"{st.broker} ({'connected' if st.connected else 'disconnected'})"), ("lease", lease),
             ("period", f"{st.used_ms_in_period:.1f} / {st.budget_ms_in_period:.1f} ms of {st.period_ms} ms"),
             ("step", str(st.step)), ("tokens", str(st.tokens)), ("tokens/s", _fmt(st.tokens_per_s, ".0f")),

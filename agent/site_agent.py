@@ -76,6 +76,7 @@ class SiteAgent:
         self.store = CheckpointStore(config.checkpoint_dir, config.train.keep_last)
         self.modes = ModeController(config.modes, now=clock())
         self.client = LeaseClient(config.lease, self.device, mode=self.modes.mode)
+        self.mode_reason = "" if self.modes.mode == config.modes.mode else "leased device unusable"
         self.history: deque[LeaseRecord] = deque(maxlen=256)
         self._records: dict[str, LeaseRecord] = {}
         self.last_checkpoint: CheckpointInfo | None = None
@@ -101,6 +102,7 @@ class SiteAgent:
             window = self.enforcer.window
             msg = lease_pb2.AgentStatus(
                 site_id=self.config.lease.site_id, agent_id=self.client.agent_id, mode=self.modes.mode,
+                mode_reason=self.mode_reason,
                 device=self.device.kind if self.modes.device == GPU else "cpu",
                 step=self.trainer.step, tokens=self.trainer.tokens_seen,
                 loss=self.trainer.last_loss, val_loss=self.trainer.last_val_loss,
@@ -342,7 +344,8 @@ class SiteAgent:
             self.client.send_usage(lease_pb2.UsageReport(
                 lease_id=r.lease_id, sm_ms_used=used_ms, sm_ms_granted=r.granted_s * 1e3 * units,
                 overrun_ms=r.overrun_s * 1e3, steps=r.steps, tokens=r.samples * self.trainer.config.model.block_size,
-                loss=self.trainer.last_loss, mode=self.modes.mode, window_ms=r.length_s * 1e3,
+                loss=self.trainer.last_loss, mode=self.modes.mode, mode_reason=self.mode_reason,
+                window_ms=r.length_s * 1e3,
                 device=self.device.kind, val_loss=self.trainer.last_val_loss))
 
     def _tokens_per_s(self) -> float:
@@ -361,5 +364,6 @@ class SiteAgent:
         sw = self.modes.evaluate(now)
         if sw is not None:
             log.warning("mode %s -> %s: %s", sw.from_mode, sw.to_mode, sw.reason)
-            self.client.mode = sw.to_mode
+            self.client.mode = sw.to_mode      # registered with the new mode on the next (re)connect
+            self.mode_reason = sw.reason       # and reported on every UsageReport and status from now
             self._tokens_at.clear()

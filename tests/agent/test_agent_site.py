@@ -150,3 +150,29 @@ def test_shutdown_checkpoints_and_a_new_agent_resumes_from_it(broker, tmp_path):
     again = SiteAgent(agent.config, device=cpu_facts(1))
     assert again.resume().step == step and again.trainer.step == step
     assert again.trainer.samples_seen == agent.trainer.samples_seen - agent.trainer.pending_samples
+
+
+def test_mode_switches_are_reported_with_their_reason(broker, tmp_path, monkeypatch):
+    from agent import site_agent
+    from agent.config import ModeConfig
+    from agent.modes import ModeController
+    monkeypatch.setattr(site_agent, "MODE_EVERY_S", 0.1)
+    run = Running(broker.port, tmp_path)
+    run.agent.modes = ModeController(ModeConfig(mode="gpu_preferred", min_leases=3, window_s=1.0,
+                                                demote_after_s=0.5, cooldown_s=0.5, quiet_s=0.0), now=time.monotonic())
+    with run as agent:
+        assert wait(lambda: agent.client.connected)
+        broker.renew_every_period(sm_count=0, period_ms=50, valid_for_ms=150, duty=0.0)
+        assert wait(lambda: agent.modes.mode == "cpu_preferred")         # cost demotion: leases stay at zero
+        assert agent.mode_reason.startswith("cost: no usable lease")
+        steps = agent.trainer.step
+        assert wait(lambda: agent.trainer.step > steps + 2)              # trains on the fallback core meanwhile
+        assert wait(lambda: any(u.mode == "cpu_preferred" and u.mode_reason.startswith("cost")
+                                for u in broker.usage()))
+        st = agent.status()
+        assert st.mode == "cpu_preferred" and st.mode_reason.startswith("cost")
+        broker.renew_every_period(sm_count=1, period_ms=50, valid_for_ms=150, duty=1.0)
+        assert wait(lambda: agent.modes.mode == "gpu_preferred")         # promotion once leases are back
+        assert agent.mode_reason.startswith("promote")
+        broker.stop_renewing()
+    assert [s.to_mode for s in agent.modes.switches] == ["cpu_preferred", "gpu_preferred"]
