@@ -83,6 +83,16 @@ def kpm_measurements(cfg: XappConfig, site_id: str) -> tuple[MeasInfo, ...]:
     return tuple(out)
 
 
+def _same_subscription(d: object, rec: SubscriptionRecord) -> bool:
+    """A GET /ric/v1/subscriptions entry is ours: OSC lists the E2 instance ID as SubscriptionId (with
+    Meid); a REST id may appear as SubscriptionId or RestSubscriptionId."""
+    if not isinstance(d, dict):
+        return False
+    if rec.subscription_id in (d.get("SubscriptionId"), d.get("RestSubscriptionId")):
+        return True
+    return d.get("SubscriptionId") == rec.e2_event_instance_id and d.get("Meid") == rec.meid
+
+
 class XappApp:
     """The running xApp. REST handlers read it; only the loop task changes loop state."""
 
@@ -224,11 +234,11 @@ class XappApp:
         if old is not None and old.e2_event_instance_id and old.ran_function_id == spec.ran_function_id \
                 and old.period_ms == self.cfg.period_ms and old.kpm_version == version.name:
             try:
-                live = {d.get("SubscriptionId") for d in await self.submgr.list() if isinstance(d, dict)}
+                live = await self.submgr.list()
             except SubmgrError as exc:
                 live = None
                 log.warning("cannot list SubMgr subscriptions (%s); reusing %s unverified", exc, old.subscription_id)
-            if live is None or old.subscription_id in live:
+            if live is None or any(_same_subscription(d, old) for d in live):
                 log.info("%s: reusing subscription %s (sub_id %d)", node.meid, old.subscription_id,
                          old.e2_event_instance_id)
                 self._activate(old, version, keys)
@@ -282,7 +292,9 @@ class XappApp:
                 self.samples.append(self.ingest.indication(msg.sub_id, msg.meid, msg.payload, now))
                 self.counters.indications += 1
             except IngestError as exc:
-                log.warning("indication dropped (node %r, mtype %d): %s", msg.meid, msg.mtype, exc)
+                n = self.ingest.errors.get(exc.kind, 0)
+                if n <= 5 or n & (n - 1) == 0:       # 1..5, then every power of two: no log flood
+                    log.warning("indication dropped (node %r, mtype %d, %d so far): %s", msg.meid, msg.mtype, n, exc)
                 return
         elif msg.mtype in (MT_CONTROL_ACK, MT_CONTROL_FAILURE):
             try:
