@@ -128,11 +128,14 @@ class FifoResult:
     backlog: FifoBacklog
 
 
-def fifo_serve(backlog: FifoBacklog, start_slot: int, arrivals: np.ndarray, served: np.ndarray) -> FifoResult:
+def fifo_serve(backlog: FifoBacklog, start_slot: int, arrivals: np.ndarray, served: np.ndarray,
+               limit: np.ndarray | None = None) -> FifoResult:
     """Split the site's served work (T,) over cells in FIFO order of arrival.
 
     arrivals (T, C) work entering the stage; served (T,) work leaving (from the site Lindley queue,
-    so cumulative served never exceeds cumulative arrivals)."""
+    so cumulative served never exceeds cumulative arrivals). `limit` (T, C) is the most a cell can carry
+    in a slot (its PRBs): work FIFO would put above it stays queued, at the head of the backlog, so the
+    returned `per_cell` may sum to less than `served` (callers use `per_cell`)."""
     T, C = arrivals.shape
     slots = np.concatenate([backlog.slots, start_slot + np.arange(T)])
     amounts = np.concatenate([backlog.amounts, arrivals], axis=0)
@@ -159,5 +162,13 @@ def fifo_serve(backlog: FifoBacklog, start_slot: int, arrivals: np.ndarray, serv
     if len(rest):
         rest[0] = np.maximum(cum_cells[k + 1] - dep_cells[-1], 0.0)
     keep = rest.sum(axis=1) > 1e-9 * max(1.0, cum[-1])
-    return FifoResult(per_cell=per_cell, delay_slots=np.maximum(delay, 0),
-                      backlog=FifoBacklog(slots[k:][keep], rest[keep]))
+    left = FifoBacklog(slots[k:][keep], rest[keep])
+    if limit is not None:
+        excess = per_cell - limit
+        excess[excess < 1e-7] = 0.0  # float noise of the interpolation is not worth a backlog chunk
+        if excess.any():
+            per_cell -= excess
+            head = int(left.slots[0]) if len(left.slots) else start_slot + T - 1
+            left = FifoBacklog(np.concatenate([[min(head, start_slot + T - 1)], left.slots]),
+                               np.vstack([excess.sum(axis=0)[None], left.amounts]))
+    return FifoResult(per_cell=per_cell, delay_slots=np.maximum(delay, 0), backlog=left)

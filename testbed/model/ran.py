@@ -259,18 +259,19 @@ class RanModel:
         b0 = self.backlog_ul[s].total
         q = lindley(w_ul - ul_cap, np.asarray(b0))
         srv_ul = served_from(q, np.asarray(b0), w_ul)
-        f_ul = fifo_serve(self.backlog_ul[s], start, be_ul, srv_ul)
+        # Each cell carries at most its own PRB-MAC output plus its PRB headroom in a slot.
+        f_ul = fifo_serve(self.backlog_ul[s], start, be_ul, srv_ul, limit=be_ul + head_ul)
         self.backlog_ul[s] = f_ul.backlog
-        spill = ul_spill(srv_ul / cu.budget_us)
+        spill = ul_spill(f_ul.per_cell.sum(axis=1) / cu.budget_us)
         # DL: fill what is left under E.
         w_dl = be_dl.sum(axis=1)
         dl_cap = np.where(is_dl, np.minimum(cd.budget_us * np.maximum(room - spill, 0.0), w_dl + head_dl.sum(axis=1)), 0.0)
         b0 = self.backlog_dl[s].total
         q = lindley(w_dl - dl_cap, np.asarray(b0))
         srv_dl = served_from(q, np.asarray(b0), w_dl)
-        f_dl = fifo_serve(self.backlog_dl[s], start, be_dl, srv_dl)
+        f_dl = fifo_serve(self.backlog_dl[s], start, be_dl, srv_dl, limit=be_dl + head_dl)
         self.backlog_dl[s] = f_dl.backlog
-        demand = nondef + spill + srv_dl / cd.budget_us
+        demand = nondef + spill + f_dl.per_cell.sum(axis=1) / cd.budget_us
         kd, ku = cd.work_per_byte, cu.work_per_byte
         for f, k in ((f_dl, kd), (f_ul, ku)):
             w = f.per_cell.sum(axis=1) / k

@@ -219,3 +219,32 @@ def test_csv_trace_is_sparse_and_repeats(tmp_path):
     assert first.dl[0, 0, 0].sum() == pytest.approx(10)
     wrap = tr.arrivals(7_200_000, 10)  # last slot of the trace, then it starts again
     assert wrap.dl[0, 0, 2].sum() == pytest.approx(20) and wrap.dl[1, 0, 0].sum() == pytest.approx(10)
+
+
+def test_deferred_work_never_exceeds_a_cells_prbs_or_quota_when_it_catches_up(monkeypatch):
+    from testbed.model import ran
+
+    seen = []
+    real = ran.fifo_serve
+
+    def checked(backlog, start, arrivals, served, limit=None):
+        r = real(backlog, start, arrivals, served, limit)
+        seen.append(float((r.per_cell - limit).max()))
+        return r
+
+    monkeypatch.setattr(ran, "fifo_serve", checked)
+    sc = busy_scenario(n_sites=1, load=0.45)
+    capped, free = RanModel(sc, seed=4), RanModel(sc, seed=4)
+    for m in (capped, free):
+        for c in range(4):
+            m.set_slice_quota(0, c, 1, 2, 0, 60, 0)  # best-effort at most 60 % of the PRBs
+    capped.set_envelope(0, 28.0)
+    for _ in range(40):
+        capped.step_period()
+        free.step_period()
+    assert seen and max(seen) <= 1e-6
+    capped.set_envelope(0, None)
+    for _ in range(60):
+        capped.step_period()
+        free.step_period()
+    np.testing.assert_allclose(capped.served_bytes, free.served_bytes, rtol=1e-9)
