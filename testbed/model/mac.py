@@ -38,31 +38,42 @@ def served_from(q: np.ndarray, q0: np.ndarray, a: np.ndarray) -> np.ndarray:
     return out
 
 
-def fifo_delay_slots(a: np.ndarray, served: np.ndarray, q0: np.ndarray) -> np.ndarray:
+def fifo_delay_slots(a: np.ndarray, served: np.ndarray, q0: np.ndarray, queue: np.ndarray | None = None) -> np.ndarray:
     """Per-slot FIFO queueing delay (slots) of the work leaving each queue, for many queues at once.
 
     a, served (T, ...) arrivals and departures of independent FIFO queues; q0 (...) work already queued
     at the start (taken as arrived in the slot before). The delay of slot t is that of the work in the
     middle of what left in t: t - (slot in which the cumulative arrivals reached that point). One
     searchsorted for all queues: each queue's cumulative curve is shifted by a per-queue offset larger
-    than any total, which keeps the flattened curve sorted."""
+    than any total, which keeps the flattened curve sorted. With `queue` (the queue after each slot)
+    only slots that started with a backlog are searched: the others served only fresh work (delay 0)."""
     T = a.shape[0]
     a2 = a.reshape(T, -1)
     n = a2.shape[1]
-    cum_a = np.empty((n, T + 1))
-    cum_a[:, 0] = np.asarray(q0, dtype=float).reshape(-1)
-    np.cumsum(a2.T, axis=1, out=cum_a[:, 1:])
-    cum_a[:, 1:] += cum_a[:, :1]
-    dep = np.cumsum(served.reshape(T, -1).T, axis=1)  # (n, T)
-    mid = dep - 0.5 * served.reshape(T, -1).T
-    step = float(cum_a[:, -1].max()) * 2 + 1.0
-    offs = (np.arange(n) * step)[:, None]
-    flat = (cum_a + offs).ravel()
-    # Strictly increasing per queue (empty slots repeat the value; searchsorted 'left' finds the first).
-    pos = np.searchsorted(flat, (mid + offs).ravel(), side="left").reshape(n, T) - np.arange(n)[:, None] * (T + 1)
+    s2 = served.reshape(T, -1)
+    delay = np.zeros((T, n), dtype=np.intp)
+    if queue is not None:
+        prev = np.empty((T, n))
+        prev[0] = np.asarray(q0, dtype=float).reshape(-1)
+        prev[1:] = queue.reshape(T, -1)[:-1]
+        t_idx, j_idx = np.nonzero((prev > 1e-6) & (s2 > 0))  # ignore float dust left by the queue algebra
+    else:
+        t_idx, j_idx = np.nonzero(s2 > 0)
+    if not len(t_idx):
+        return delay.reshape(served.shape)
+    cum_a = np.empty((T + 1, n))
+    cum_a[0] = np.asarray(q0, dtype=float).reshape(-1)
+    np.cumsum(a2, axis=0, out=cum_a[1:])
+    cum_a[1:] += cum_a[:1]
+    dep = np.cumsum(s2, axis=0)
+    mid = dep[t_idx, j_idx] - 0.5 * s2[t_idx, j_idx]
+    step = float(cum_a[-1].max()) * 2 + 1.0
+    offs = np.arange(n) * step
+    flat = (cum_a + offs).ravel(order="F")  # queue by queue, each curve non-decreasing
+    pos = np.searchsorted(flat, mid + offs[j_idx], side="left") - j_idx * (T + 1)
     arrival_slot = np.clip(pos, 0, T) - 1  # index k in cum_a means it arrived in slot k - 1
-    delay = np.arange(T)[None, :] - arrival_slot
-    return np.maximum(delay, 0).T.reshape(served.shape)
+    delay[t_idx, j_idx] = np.maximum(t_idx - arrival_slot, 0)
+    return delay.reshape(served.shape)
 
 
 @dataclass(frozen=True)

@@ -209,7 +209,7 @@ class RanModel:
                 prb_served[..., 1] = mac_be_dl
             else:
                 prb_served[..., 1] = mac_be_ul
-            b = np.minimum(fifo_delay_slots(a, prb_served, q0), DELAY_BINS - 1)
+            b = np.minimum(fifo_delay_slots(a, prb_served, q0, sched.queue), DELAY_BINS - 1)
             b[..., 1] += DELAY_BINS
             hist += np.bincount(b.ravel(), prb_served.ravel(), 2 * DELAY_BINS)
         off_dl, off_ul = arr.dl.sum(axis=0), arr.ul.sum(axis=0)

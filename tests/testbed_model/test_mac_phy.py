@@ -151,3 +151,18 @@ def test_fifo_delays_of_many_queues_match_a_scalar_fifo():
                     fifo.pop(0)
             if served[t, j] > 1e-9:
                 assert d[t, j] == t - slot_mid, (t, j)
+
+
+def test_fifo_delays_restricted_to_backlogged_slots_are_the_same():
+    from testbed.model.mac import fifo_delay_slots
+    rng = np.random.default_rng(9)
+    a = rng.exponential(100, (300, 2, 3)) * (rng.random((300, 2, 3)) < 0.4)
+    cap = rng.choice([0.0, 90.0], (300, 2, 3))
+    q0 = rng.uniform(0, 50, (2, 3))
+    q = lindley(a - cap, q0)
+    served = np.maximum(np.concatenate([q0[None], q[:-1]]) + a - q, 0)
+    fast, full = fifo_delay_slots(a, served, q0, q), fifo_delay_slots(a, served, q0)
+    backlogged = np.concatenate([q0[None], q[:-1]]) > 1e-6
+    np.testing.assert_array_equal(fast[backlogged], full[backlogged])
+    assert np.all(fast[~backlogged] == 0)  # an empty queue at slot start serves only fresh work
+    assert fast[backlogged].max() > 0
