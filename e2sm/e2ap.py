@@ -5,13 +5,18 @@ simulator use (e2-facts.md section 2). Only v2 IEs are produced: those bytes are
 and v4 modules, so they interoperate with OSC E2T (v2) and srsRAN (v3).
 
 pycrate objects are module-level singletons holding the last value, so every use of them sits behind
-`_LOCK`. The hot message, RICindication, is decoded by the hand-written APER reader in `e2sm._fast`
-without pycrate (and without the lock); anything that reader does not fully recognise falls back to the
-pycrate path, which stays the reference.
+`_LOCK`. The hot message, RICindication, is read and written by hand-written APER code in `e2sm._fast`
+without pycrate (and without the lock); anything that code does not fully recognise falls back to the
+pycrate path, which stays the reference (`decode_e2ap_reference`, `encode_e2ap_reference`).
 
-Decoding rules (both paths): the whole input is consumed, every mandatory IE of the message is present
-exactly once, an unknown IE with criticality `reject` is refused and one with `ignore`/`notify` is skipped.
+Decoding rules (both paths): the whole input is consumed, every open type exactly, every mandatory IE of
+the message is present exactly once, an unknown IE with criticality `reject` is refused and one with
+`ignore`/`notify` is skipped. CriticalityDiagnostics, TNLinformation and other IEs the typed messages do
+not carry are dropped; the JSON form keeps everything.
 `decode_json` / `encode_json` speak the JSON form of shared/vectors/README.md for the kind `e2ap:E2AP-PDU`.
+
+Two pycrate 0.8.1 APER decoding bugs are fixed below by replacing the two codec functions involved (see
+their docstrings): misalignment after a fragmented field, and open types not consumed exactly.
 """
 from __future__ import annotations
 
@@ -32,8 +37,8 @@ __all__ = [
     "RicSubscriptionDeleteResponse", "RicSubscriptionDeleteFailure", "RicIndication", "RicControlRequest",
     "RicControlAcknowledge", "RicControlFailure", "GlobalE2NodeId", "RanFunctionItem", "E2NodeComponentConfig",
     "E2NodeComponentAck", "E2SetupRequest", "E2SetupResponse", "E2SetupFailure", "ErrorIndication",
-    "E2apMessage", "encode_e2ap", "encode_e2ap_reference", "decode_e2ap", "decode_e2ap_reference", "decode_json", "encode_json",
-    "plmn_to_bytes", "plmn_from_bytes",
+    "E2apMessage", "encode_e2ap", "encode_e2ap_reference", "decode_e2ap", "decode_e2ap_reference",
+    "decode_json", "encode_json", "plmn_to_bytes", "plmn_from_bytes",
 ]
 
 # An E2AP PDU larger than this is refused before parsing (bounded work per message). Real PDUs are
@@ -1053,10 +1058,11 @@ def _first_difference(a: Any, b: Any, where: str) -> str | None:
     return None if a == b and type(a) is type(b) else where
 
 
-def _open_type(obj: Any, name: str, where: str) -> Any:
+def _open_type(obj: Any, name: str) -> Any:
+    """The type an open type's value has when named `name` in its table, or None."""
     try:
         return obj._get_val_obj(name)
-    except Exception:
+    except Exception:  # noqa: BLE001 - pycrate raises assorted errors for unknown names
         return None
 
 
@@ -1073,7 +1079,7 @@ def _json_of(obj: Any, val: Any, where: str) -> Any:  # noqa: C901 - one branch 
         return {name: _json_of(obj._cont[name], v, f"{where}.{name}")}
     if t == "OPEN_TYPE":
         name, v = val
-        inner = _open_type(obj, name, where) if isinstance(name, str) and not name.startswith("_unk") else None
+        inner = _open_type(obj, name) if isinstance(name, str) and not name.startswith("_unk") else None
         if inner is None:
             raise E2DecodeError(f"open type value {name!r} has no known type", where)
         return {name: _json_of(inner, v, f"{where}.{name}")}
@@ -1116,7 +1122,7 @@ def _value_of(obj: Any, js: Any, where: str) -> Any:  # noqa: C901 - one branch 
         if len(js) != 1:
             raise E2EncodeError(f"expected exactly one key, got {len(js)}", where)
         ((name, v),) = js.items()
-        inner = (obj._cont[name] if name in obj._cont else None) if t == "CHOICE" else _open_type(obj, name, where)
+        inner = (obj._cont[name] if name in obj._cont else None) if t == "CHOICE" else _open_type(obj, name)
         if inner is None:
             raise E2EncodeError(f"{name!r} is not an alternative here", where)
         return (name, _value_of(inner, v, f"{where}.{name}"))
