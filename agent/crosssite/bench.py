@@ -47,8 +47,8 @@ class BenchConfig:
     wan_gbps: float = 1.0
     eval_samples: int = 64
     seed: int = 0
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
+    outer_lr: float = RoundPolicy.outer_lr
+    outer_momentum: float = RoundPolicy.outer_momentum
     model: dict = field(default_factory=lambda: dict(block_size=32, n_layer=2, n_head=4, n_embd=64))
 
     @property

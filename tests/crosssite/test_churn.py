@@ -144,6 +144,9 @@ def test_killed_site_dropped_within_timeout_and_training_continues(scenario):
     killed = scenario["killed_at"]
     after = [r for r in scenario["rounds"]["s0"] if r["t"] > killed]
     first_without = next(r for r in after if r["committed"] and r["participants"] == 2)
+    print(f"\nkilled -> first committed round without it ended after {first_without['t'] - killed:.2f}s "
+          f"(round {ROUND_MS} ms, heartbeat timeout {HEARTBEAT_MS} ms); rounds failed in between: "
+          f"{sum(not r['committed'] for r in after if r['t'] <= first_without['t'])}")
     # the round s1 died in may fail; the one after is formed without it
     assert first_without["t"] - killed < 3 * ROUND_MS / 1000 + HEARTBEAT_MS / 1000
     assert all(r["quorum_ms"] < ROUND_MS for r in after), "a quorum waited longer than one round"
@@ -153,6 +156,8 @@ def test_killed_site_dropped_within_timeout_and_training_continues(scenario):
 def test_restarted_site_heals_from_a_peer_and_rejoins(scenario):
     s1b = scenario["rounds"]["s1b"]
     assert s1b[0]["healed"] and s1b[0]["step"] > 0
+    print(f"\nrestarted site: first round healed at torchft step {s1b[0]['step']}, "
+          f"quorum {s1b[0]['quorum_ms']:.0f} ms, participants {s1b[0]['participants']}")
     s0 = {r["round"]: r for r in scenario["rounds"]["s0"]}
     joined = [r for r in s1b if r["committed"] and r["participants"] == 3]
     assert len(joined) >= 3
