@@ -82,10 +82,10 @@ def observe(rep: PeriodReport, scenario: Scenario, s: int, now: float) -> SiteOb
 
 
 def simulate(scenario: Scenario, seed: int, n_periods: int, shaping: str | None, plot_periods: int = 20,
-             progress=None) -> RunRecord:
+             progress=None, track_delay: bool = True) -> RunRecord:
     """Run the RAN for n_periods; with `shaping` the weaver policy (guard irrelevant here) drives the
     envelope or quotas in the loop, as the xApp would (decision after period p applies to p + 1)."""
-    model = RanModel(scenario, seed)
+    model = RanModel(scenario, seed, track_delay=track_delay)
     S, T = scenario.n_sites, scenario.period_slots
     policy = WeaverPolicy(mode=shaping, cost=quota_cost(scenario)) if shaping else None
     hist = [SiteHistory() for _ in range(S)]
@@ -250,7 +250,9 @@ def run_scenario(name: str, n_periods: int, seed: int, step: StepCostModel, prog
     runs = {}
     for split, sd in (("calibration", seed), ("evaluation", seed + 1)):
         for shaping in (None, "envelope", "quota"):
-            runs[split, shaping] = simulate(sc, sd, n_periods, shaping, progress=progress)
+            # Delays are reported from the evaluation runs only.
+            runs[split, shaping] = simulate(sc, sd, n_periods, shaping, progress=progress,
+                                            track_delay=split == "evaluation")
     S = sc.n_sites
     gpu = max(s.gpu_sms for s in sc.sites)
     steps = list(range(0, gpu + 1, sc.sites[0].granularity))

@@ -14,9 +14,10 @@ from testbed import scenarios
 from testbed.model import SLOT_S, RanModel
 
 
-def measure(scenario_name: str, period_slots: int, envelope: float | None, sim_seconds: float, seed: int) -> dict:
+def measure(scenario_name: str, period_slots: int, envelope: float | None, sim_seconds: float, seed: int,
+            track_delay: bool = True) -> dict:
     sc = scenarios.get(scenario_name, period_slots=period_slots)
-    model = RanModel(sc, seed)
+    model = RanModel(sc, seed, track_delay=track_delay)
     for s in range(sc.n_sites):
         model.set_envelope(s, envelope)
     model.step_period()  # warm-up (first-call allocations)
@@ -29,7 +30,7 @@ def measure(scenario_name: str, period_slots: int, envelope: float | None, sim_s
     cpu = time.process_time() - cpu0
     slots = n * period_slots
     return {"scenario": scenario_name, "sites": sc.n_sites, "cells_per_site": sc.n_cells,
-            "period_slots": period_slots, "envelope_sms": envelope, "slots": slots,
+            "period_slots": period_slots, "envelope_sms": envelope, "delay_histograms": track_delay, "slots": slots,
             "simulated_s": slots * SLOT_S, "wall_s": wall, "cpu_s": cpu, "slots_per_s": slots / wall,
             "realtime_factor": slots * SLOT_S / wall, "realtime_factor_cpu": slots * SLOT_S / cpu}
 
@@ -46,13 +47,14 @@ def run(args) -> int:
     rows = []
     for period in args.periods:
         for envelope in (None, 24.0):
-            rows.append(measure(args.scenario, period, envelope, args.seconds, args.seed))
-    print(f"{'period':>7} {'envelope':>9} {'slots':>9} {'wall s':>8} {'slots/s':>10} {'x real time':>12} "
-          f"{'x (cpu time)':>13}")
+            for track in (True, False):
+                rows.append(measure(args.scenario, period, envelope, args.seconds, args.seed, track))
+    print(f"{'period':>7} {'envelope':>9} {'delay hist':>10} {'slots':>9} {'wall s':>8} {'slots/s':>10} "
+          f"{'x real time':>12} {'x (cpu time)':>13}")
     for r in rows:
         env = "-" if r["envelope_sms"] is None else f"{r['envelope_sms']:.0f}"
-        print(f"{r['period_slots']:7d} {env:>9} {r['slots']:9d} {r['wall_s']:8.2f} {r['slots_per_s']:10.0f} "
-              f"{r['realtime_factor']:11.1f}x {r['realtime_factor_cpu']:12.1f}x")
+        print(f"{r['period_slots']:7d} {env:>9} {'yes' if r['delay_histograms'] else 'no':>10} {r['slots']:9d} "
+              f"{r['wall_s']:8.2f} {r['slots_per_s']:10.0f} {r['realtime_factor']:11.1f}x {r['realtime_factor_cpu']:12.1f}x")
     best = max(rows, key=lambda r: r["realtime_factor"])
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     print(f"baseline: real time (1.0x); target >= 200x; best {best['realtime_factor']:.1f}x "
