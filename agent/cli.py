@@ -143,7 +143,7 @@ def build_config(args):
     cfg = replace(cfg, lease=lease)
     if args.mode:
         cfg = replace(cfg, modes=replace(cfg.modes, mode=args.mode))
-    for flag in ("device", "cores", "checkpoint_dir", "inspect_addr"):
+    for flag in ("device", "cores", "checkpoint_dir", "inspect_addr", "metrics_addr"):
         if getattr(args, flag) is not None:
             cfg = replace(cfg, **{flag: getattr(args, flag)})
     return cfg
@@ -151,6 +151,7 @@ def build_config(args):
 
 def cmd_run(args) -> int:
     from agent.inspect_service import serve_inspect
+    from agent.metrics import serve_metrics
     from agent.site_agent import SiteAgent
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -161,16 +162,20 @@ def cmd_run(args) -> int:
         return 2
     agent = SiteAgent(cfg)
     server, addr = serve_inspect(agent, cfg.inspect_addr)
+    metrics, metrics_addr = serve_metrics(agent, cfg.metrics_addr) if cfg.metrics_addr else (None, "off")
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())
     signal.signal(signal.SIGINT, lambda *_: agent.stop())
     d = agent.device
     print(f"weaver-agent: site {cfg.lease.site_id}, device {d.kind} {d.name} ({d.sm_count} "
           f"{'SMs' if d.kind == 'cuda' else 'cores'}), {agent.trainer.model.num_params()} params, "
-          f"mode {agent.modes.mode}, broker {cfg.lease.broker}, inspect on {addr}", flush=True)
+          f"mode {agent.modes.mode}, broker {cfg.lease.broker}, metrics on {metrics_addr}, inspect on {addr}",
+          flush=True)
     try:
         agent.run(max_seconds=args.max_seconds)
     finally:
         server.stop(grace=0.5)
+        if metrics is not None:
+            metrics.shutdown()
     return 0
 
 
@@ -189,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--cores", type=int)
     run.add_argument("--checkpoint-dir")
     run.add_argument("--inspect-addr", help="localhost address for AgentInspect (port 0 = any free port)")
+    run.add_argument("--metrics-addr", help="localhost address for Prometheus /metrics ('' = off)")
     run.add_argument("--max-seconds", type=float, help="stop after this long (tests, demos)")
     run.set_defaults(fn=cmd_run)
     for name, fn, helptext in (("status", cmd_status, "lease, mode, device, step, tokens, loss, checkpoint"),

@@ -113,6 +113,7 @@ class AgentConfig:
     cores: int = 0                # CPU cores offered to leases; 0 = os.cpu_count()
     checkpoint_dir: str = "checkpoints"
     inspect_addr: str = "127.0.0.1:50061"  # AgentInspect gRPC server (localhost only; port 0 = any)
+    metrics_addr: str = "127.0.0.1:9466"   # Prometheus /metrics over HTTP; "" = off
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -34,18 +34,20 @@ def running_agent(tmp_path_factory):
     proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--preset", "tiny", "--mode", "gpu",
                              "--broker", f"127.0.0.1:{port}", "--site-id", "site-7", "--cores", "1",
                              "--device", "cpu", "--checkpoint-dir", str(ckpt), "--inspect-addr", "127.0.0.1:0",
+                             "--metrics-addr", "127.0.0.1:0",
                              "--max-seconds", "120"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
     assert "inspect on " in line, line
     addr = line.rsplit("inspect on ", 1)[1].strip()
+    metrics = line.split("metrics on ", 1)[1].split(",")[0].strip()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:       # wait until it has trained under a few leases
         r = cli("status", "--addr", addr, "--json")
         if r.returncode == 0 and int(json.loads(r.stdout)["step"]) >= 3:
             break
         time.sleep(0.2)
-    yield {"addr": addr, "proc": proc, "broker": broker, "ckpt": ckpt}
+    yield {"addr": addr, "proc": proc, "broker": broker, "ckpt": ckpt, "metrics": metrics}
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
@@ -70,6 +72,19 @@ def test_watch_prints_one_line_per_period_with_a_progress_bar(running_agent):
     assert all("[" in ln and "]" in ln and "ms" in ln for ln in lines)
     js = cli("watch", "--addr", running_agent["addr"], "--count", "2", "--json")
     assert [json.loads(ln)["site_id"] for ln in js.stdout.strip().splitlines()] == ["site-7", "site-7"]
+
+
+def test_metrics_endpoint_exports_the_agent_measurements(running_agent):
+    import urllib.error
+    import urllib.request
+    text = urllib.request.urlopen(f"http://{running_agent['metrics']}/metrics", timeout=10).read().decode()
+    for name in ("weaver_agent_step", "weaver_agent_tokens_total", "weaver_agent_overrun_ms_p99",
+                 "weaver_agent_used_busy_ms_total", "weaver_agent_nvml_available"):
+        assert f"# TYPE {name} " in text
+    assert 'weaver_agent_mode{site="site-7",mode="gpu"} 1.0' in text
+    assert 'weaver_agent_nvml_available{site="site-7"} 0.0' in text          # no driver here: optional
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(f"http://{running_agent['metrics']}/nope", timeout=10)
 
 
 def test_leases_history(running_agent):
