@@ -89,6 +89,15 @@ def _string(buf: bytes, pos: int, n: int) -> tuple[str, int]:
     return raw.decode("ascii"), pos + 8 * n
 
 
+def _as_bytes(data: object) -> bytes:
+    """The readers slice, concatenate and hash their input, which needs `bytes` itself."""
+    if type(data) is bytes:
+        return data
+    if isinstance(data, bytearray | memoryview):
+        return bytes(data)
+    raise Unsupported("not bytes")    # the reference path names the type in its E2DecodeError
+
+
 def _real(raw: bytes) -> float:
     """X.690 8.5 REAL contents, evaluated exactly as asn1tools 0.169 does (binary base 2 with a 1- or
     2-octet exponent, or an ISO 6093 decimal form); specials and other forms go to the reference."""
@@ -119,7 +128,7 @@ def _real(raw: bytes) -> float:
 def decode_indication_header(data: bytes, version: KpmVersion) -> KpmIndicationHeader:
     """E2SM-KPM-IndicationHeader format 1 (TimeStamp of 4 octets in v2.03, 8 in v3.00), or Unsupported."""
     try:
-        return _header(data, version.timestamp_octets)
+        return _header(_as_bytes(data), version.timestamp_octets)
     except IndexError:
         raise Invalid("truncated") from None
     except (ValueError, OverflowError):
@@ -191,7 +200,7 @@ def _header(data: bytes, ts_octets: int) -> KpmIndicationHeader:
 def decode_indication_message(data: bytes, version: KpmVersion) -> IndicationMessageFormat1:
     """E2SM-KPM-IndicationMessage format 1 (the same bytes in v2.03 and v3.00), or Unsupported."""
     try:
-        return _message(data)
+        return _message(_as_bytes(data))
     except IndexError:
         raise Invalid("truncated") from None
     except (ValueError, OverflowError):

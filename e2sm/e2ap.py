@@ -995,6 +995,8 @@ def decode_e2ap(data: bytes) -> E2apMessage:
 
     RICindications take the pycrate-free fast path (`e2sm._fast`); any shape it does not handle, and every
     other message, goes through pycrate. Thread-safe."""
+    if isinstance(data, bytearray | memoryview):
+        data = bytes(data)
     if isinstance(data, bytes) and data[:2] == b"\x00\x05" and len(data) <= MAX_PDU_BYTES:
         from e2sm import _fast  # local import: _fast builds this module's dataclasses
 

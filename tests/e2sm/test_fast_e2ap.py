@@ -74,6 +74,7 @@ def test_fast_reader_equals_reference_on_every_canonical_indication(msg):
 def test_vector_takes_the_fast_path(vectors_dir):
     raw = bytes.fromhex(json.loads((vectors_dir / "e2ap_ric_indication.json").read_text())["hex"])
     assert _check_same(raw) == "accepted"
+    assert decode_e2ap(bytearray(raw)) == decode_e2ap(memoryview(raw)) == decode_e2ap_reference(raw)
 
 
 @pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 128, 129, 254, 255, 256, 15000])

@@ -300,3 +300,16 @@ def test_v3_headers_read_as_v2_are_known_invalid_without_asn1tools():
         raw = kpm.encode_indication_header(hdr, KpmVersion.V3_00)
         verdicts[check_same("decode_indication_header", raw, KpmVersion.V2_03)] += 1
     assert verdicts["invalid"] >= 270, verdicts
+
+
+@pytest.mark.parametrize("convert", [bytearray, memoryview])
+def test_bytes_like_input(vectors_dir, convert):
+    for name, fn in (("kpm_v3_ind_header_f1", "decode_indication_header"),
+                     ("kpm_v3_ind_message_f1", "decode_indication_message")):
+        raw = bytes.fromhex(json.loads((vectors_dir / f"{name}.json").read_text())["hex"])
+        assert getattr(_fast_kpm, fn)(convert(raw), KpmVersion.V3_00) == getattr(kpm, fn)(raw, KpmVersion.V3_00)
+        assert getattr(kpm, fn)(convert(raw), KpmVersion.V3_00) == getattr(kpm, fn)(raw, KpmVersion.V3_00)
+        with pytest.raises(Unsupported):
+            getattr(_fast_kpm, fn)(raw.hex(), KpmVersion.V3_00)
+        with pytest.raises(E2DecodeError):
+            getattr(kpm, fn)(raw.hex(), KpmVersion.V3_00)
