@@ -313,3 +313,19 @@ def test_bytes_like_input(vectors_dir, convert):
             getattr(_fast_kpm, fn)(raw.hex(), KpmVersion.V3_00)
         with pytest.raises(E2DecodeError):
             getattr(kpm, fn)(raw.hex(), KpmVersion.V3_00)
+
+
+def test_repeated_meas_info_is_shared_between_messages():
+    info = (MeasInfo("RRU.PrbUsedDl"), MeasInfo("DRB.UEThpDl", (MeasLabel(Snssai(1, 2)),)))
+    first = kpm.encode_indication_message(IndicationMessageFormat1(((1, 2.5),), info, 100), KpmVersion.V3_00)
+    second = kpm.encode_indication_message(IndicationMessageFormat1(((7, None), (8, 9)), info, 100),
+                                           KpmVersion.V3_00)
+    a = _fast_kpm.decode_indication_message(first, KpmVersion.V3_00)
+    b = _fast_kpm.decode_indication_message(second, KpmVersion.V3_00)
+    assert a.records == ((1, 2.5),) and b.records == ((7, None), (8, 9))
+    assert a.meas_info == b.meas_info == info
+    # same tail octets behind a different bit offset or presence bits are not confused with the cached one
+    other = kpm.encode_indication_message(IndicationMessageFormat1(((7, None, None),), info, 100), KpmVersion.V3_00)
+    with pytest.raises(E2DecodeError):
+        kpm.decode_indication_message(other[:-1], KpmVersion.V3_00)
+    assert check_same("decode_indication_message", other, KpmVersion.V3_00) == "accepted"
