@@ -90,10 +90,11 @@ class Simulation:
         self.nodes = nodes
         self.epoch_unix = cfg.epoch_unix if cfg.epoch_unix is not None else time.time()
         self.periods = 0
+        self.stopped: set[int] = set()  # sites taken off the air (`stop_site`)
 
     @classmethod
-    async def start(cls, cfg: SimConfig, sdl: SDLWrapper | None = None) -> Simulation:
-        scenario = build_scenario(cfg)
+    async def start(cls, cfg: SimConfig, sdl: SDLWrapper | None = None, scenario: Scenario | None = None) -> Simulation:
+        scenario = scenario or build_scenario(cfg)  # `weaver up` hands in its own (archetypes, period)
         model = RanModel(scenario, seed=cfg.seed)
         ric = await MiniRic.start(cfg.host, cfg.e2term_port, cfg.submgr_rmr_port, cfg.submgr_http_port,
                                   cfg.xapps, sdl, cfg.route_dir, cfg.keepalive_s)
@@ -133,7 +134,9 @@ class Simulation:
         report = self.model.step_period()
         now_ms = self.now_s * 1000.0
         stamp = ntp64(self.epoch_unix + start_s)
-        for node in self.nodes:
+        for i, node in enumerate(self.nodes):
+            if i in self.stopped:
+                continue
             m = from_period_report(report, node.node.config.site, node.node.config.gpu_sms)
             await node.report(m, now_ms, stamp)
         self.periods += 1
@@ -158,9 +161,19 @@ class Simulation:
                     except TimeoutError:
                         pass
 
+    async def stop_site(self, site: int) -> bool:
+        """Take a site's E2 node off the air: its RMR endpoint closes, so its KPM stops and the E2T's
+        keepalive declares it lost (R-NIB DISCONNECTED). The RAN model keeps running. False if already off."""
+        if site in self.stopped:
+            return False
+        self.stopped.add(site)
+        await self.nodes[site].close()
+        return True
+
     async def close(self) -> None:
-        for n in self.nodes:
-            await n.close()
+        for i, n in enumerate(self.nodes):
+            if i not in self.stopped:
+                await n.close()
         await self.ric.close()
 
 
@@ -181,7 +194,7 @@ def build_sim_api(sim: Simulation) -> web.Application:
             env = float(m.envelope[i])
             sites.append({"site": i, "meid": sim.nodes[i].meid, "gpu_sms": site.gpu_sms,
                           "envelope_sms": None if env == float("inf") else env,
-                          "training_sms": float(m.training_sms[i]),
+                          "training_sms": float(m.training_sms[i]), "stopped": i in sim.stopped,
                           "quota_percent": (m.quota[i] * 100).round(3).tolist()})
         return web.json_response({"slot": int(m.slot), "now_s": sim.now_s, "periods": sim.periods,
                                   "period_s": sim.period_s, "scenario": m.scenario.name, "sites": sites})
@@ -203,9 +216,20 @@ def build_sim_api(sim: Simulation) -> web.Application:
             return error(400, str(exc))
         return web.Response(status=204)
 
+    async def stop(request: web.Request) -> web.Response:
+        try:
+            site = int(request.match_info["site"])
+        except ValueError:
+            return error(400, "expected POST /sim/v1/sites/<int>/stop")
+        if not 0 <= site < sim.model.scenario.n_sites:
+            return error(404, f"no site {site}")
+        stopped = await sim.stop_site(site)
+        return web.json_response({"site": site, "stopped": True, "already": not stopped})
+
     app = web.Application(client_max_size=64 << 10)
     app.router.add_get("/sim/v1/state", state)
     app.router.add_put("/sim/v1/sites/{site}/training", training)
+    app.router.add_post("/sim/v1/sites/{site}/stop", stop)
     return app
 
 

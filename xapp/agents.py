@@ -109,6 +109,7 @@ class AgentBook:
         self.agents: dict[str, AgentState] = {}
         self.leases: dict[str, LeaseIssued] = {}        # site -> current (last issued) lease
         self.seq: dict[str, int] = {}
+        self.used_sm_ms: dict[str, float] = {}          # site -> SM·ms the agents reported using, this run
         self._sessions = 0
 
     # connections
@@ -167,4 +168,5 @@ class AgentBook:
             return False
         a.usage.append((now, u.sm_ms_used, u.sm_ms_granted, u.overrun_ms, u.steps, u.tokens, u.loss, u.mode))
         a.reports += 1
+        self.used_sm_ms[site_id] = self.used_sm_ms.get(site_id, 0.0) + u.sm_ms_used
         return True

@@ -73,6 +73,23 @@ class Counters:
     send_errors: int = 0
 
 
+@dataclass
+class SiteCounters:
+    """Per-site totals since start (the run summary of `weaver up` and the dashboard read them)."""
+
+    kpm_indications: int = 0
+    rc_controls_sent: int = 0
+    rc_controls_acked: int = 0
+    rc_controls_failed: int = 0
+    leases_granted: int = 0
+    sm_s_granted: float = 0.0   # each grant or renewal covers one control period at its size
+
+
+def _log_task_death(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task %s died", task.get_coro().__qualname__, exc_info=task.exception())
+
+
 def kpm_measurements(cfg: XappConfig, site_id: str) -> tuple[MeasInfo, ...]:
     """What we ask every node of a site for: the configured names, plus per-slice PRB counters of the
     site's declared slices (quota sizing needs the best-effort share)."""
@@ -104,6 +121,7 @@ class XappApp:
         self.now, self.wall = clock, wall
         self.started = clock()
         self.counters = Counters()
+        self.site_counters: dict[str, SiteCounters] = {}
         self.controls_log: deque = deque(maxlen=1000)
         self.ingest = Ingest()
         self.store: XappStore | None = None
@@ -169,6 +187,8 @@ class XappApp:
                                            rmr_port=self.rmr.port), self.http)
         self._tasks = [asyncio.ensure_future(self._rx()), asyncio.ensure_future(self._run_loop()),
                        asyncio.ensure_future(self._subscribe_all(snap.subscriptions))]
+        for t in self._tasks:  # a background task that dies must say so, not vanish with its exception
+            t.add_done_callback(_log_task_death)
         if self.watcher is not None:
             self.watcher.poll()                         # the digest of the config we started with
         self._tasks.append(asyncio.ensure_future(self._watch()))
@@ -291,6 +311,9 @@ class XappApp:
             try:
                 self.samples.append(self.ingest.indication(msg.sub_id, msg.meid, msg.payload, now))
                 self.counters.indications += 1
+                site = self.cfg.site_of(msg.meid)
+                if site is not None:
+                    self.site_tally(site.site_id).kpm_indications += 1
             except IngestError as exc:
                 n = self.ingest.errors.get(exc.kind, 0)
                 if n <= 5 or n & (n - 1) == 0:       # 1..5, then every power of two: no log flood
@@ -347,7 +370,15 @@ class XappApp:
         for a in actions:
             await self._perform(a)
 
+    def site_tally(self, site_id: str) -> SiteCounters:
+        return self.site_counters.setdefault(site_id, SiteCounters())
+
     def _control_done(self, c: SendControl, outcome: str) -> None:
+        tally = self.site_tally(c.site_id)
+        if outcome == "ack":
+            tally.rc_controls_acked += 1
+        else:
+            tally.rc_controls_failed += 1
         if outcome == "ack":
             self.counters.controls_acked += 1
             rt = self.state.sites[c.site_id]
@@ -368,6 +399,7 @@ class XappApp:
             try:
                 await self.rmr.send(msg)
                 self.counters.controls_sent += 1
+                self.site_tally(a.site_id).rc_controls_sent += 1
                 self.controls_log.append({"t": self.wall(), "site": a.site_id, "meid": a.meid, "kind": a.kind,
                                           "envelope_sms": a.envelope_sms, "control_id": a.control_id,
                                           "result": "sent",
@@ -379,6 +411,9 @@ class XappApp:
         elif isinstance(a, GrantLease):
             if self.broker.grant(a.site_id, a.sm_count, a.reason) is not None:
                 self.counters.grants += 1
+                t = self.site_tally(a.site_id)
+                t.leases_granted += 1
+                t.sm_s_granted += a.sm_count * self.cfg.period_ms / 1000.0
         elif isinstance(a, RevokeLease):
             self.broker.revoke(a.site_id, a.reason)
             self.counters.revocations[a.reason.split(":")[0]] = \

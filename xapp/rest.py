@@ -9,6 +9,7 @@ Every error is JSON `{"error": ...}` with a 4xx status; a refused request change
 """
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 import math
@@ -118,6 +119,8 @@ def site_view(x: XappApp, site_id: str) -> dict:
         "estimate_source": est.source if est else "none", "misses_reported": rt.misses,
         "kpm_age_s": ages, "fresh": v.fresh if v else False, "reason": v.reason if v else "",
         "agent": agent.reg.agent_id if agent else None, "usage": usage,
+        "counters": {**dataclasses.asdict(x.site_tally(site_id)),
+                     "sm_s_used": (x.broker.book.used_sm_ms.get(site_id, 0.0) if x.broker else 0.0) / 1000.0},
     }
 
 

@@ -1,0 +1,423 @@
+"""`weaver up`: the whole system on one machine, on the embedded defaults.
+
+What runs, and over which interface (nothing is short-circuited):
+- the testbed world, in this process: the RAN + GPU model, one E2 node per site and the mini-RIC (E2
+  termination over RMR, SubMgr REST, R-NIB), paced at real time (`testbed.sim.Simulation`);
+- the xApp, as its own process (`python -m xapp`, the xApp venv): subscribes over SubMgr REST, takes KPM
+  over RMR, sends RC control, grants leases over gRPC, serves the REST API and the dashboard;
+- one agent per site, as its own process (`weaver-agent run`, the agent venv): trains the shipped model
+  on CPU (GPU when present) strictly inside its leases.
+
+The world learns what each agent really holds from the agent itself (its AgentInspect service), never
+from the xApp, so deadline misses are counted against real leases. Ctrl-C (or `--duration`) stops the
+xApp first (it revokes every lease), then the agents (they write a checkpoint), then the world, and
+leaves no process behind. `--json FILE` writes the run summary (measures named as in architecture.md).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from testbed.e2node.functions import kpm_oid
+from testbed.model import CellConfig, Scenario, SiteConfig
+from testbed.procs import ChildFailed, Supervisor
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHETYPES = ("residential", "business", "transport", "entertainment", "mixed")
+PHASES_H = (0.0, -9.0, -2.0, -5.0, -12.0)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def venv_python(name: str) -> Path:
+    env = os.environ.get("WEAVER_AGENT_PYTHON") if name == ".venv-agent" else None
+    if env:
+        return Path(env)
+    p = ROOT / name / "bin" / "python"
+    return p if p.exists() else Path(sys.executable)
+
+
+@dataclass(frozen=True)
+class UpConfig:
+    sites: int = 3
+    cells: int = 4
+    duration_s: float | None = None  # None: until Ctrl-C
+    policy: str = "weaver"
+    seed: int = 0
+    period_ms: float = 100.0
+    host: str = "127.0.0.1"
+    rest_port: int = 0
+    agent_preset: str = "tiny"
+    run_dir: Path | None = None
+    guard_sms: int = 8
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.sites <= len(ARCHETYPES) * 4:
+            raise ValueError(f"--sites must be 1..{len(ARCHETYPES) * 4}, got {self.sites}")
+        if not 1 <= self.cells <= 16:
+            raise ValueError(f"--cells must be 1..16, got {self.cells}")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ValueError("--duration must be positive")
+
+
+def scenario_for(cfg: UpConfig) -> Scenario:
+    """Sites of different archetypes (and phases), so their spare capacity is complementary."""
+    sites = tuple(SiteConfig(site_id=i, archetype=ARCHETYPES[i % len(ARCHETYPES)], cells=(CellConfig(load=0.3),) * cfg.cells,
+                             phase_h=PHASES_H[i % len(PHASES_H)]) for i in range(cfg.sites))
+    return Scenario(name="up", description=f"weaver up: {cfg.sites} sites x {cfg.cells} cells", sites=sites,
+                    period_slots=int(round(cfg.period_ms / 0.5)), start_hour=20.0)
+
+
+def site_name(i: int) -> str:
+    return f"site-{i}"
+
+
+def xapp_controls(cfg: UpConfig, sim, ports: dict[str, int]) -> dict:
+    """The xApp's `controls`: the descriptor's defaults, pointed at this run's platform."""
+    base = json.loads((ROOT / "descriptors" / "config-file.json").read_text())
+    c = base["controls"]
+    c["period_ms"] = int(cfg.period_ms)
+    c["policy"]["name"] = cfg.policy
+    c["policy"]["guard_sms"] = cfg.guard_sms
+    c["sites"] = []
+    statics = []
+    for i, node in enumerate(sim.nodes):
+        site = sim.model.scenario.sites[i]
+        slices = site.slices
+        c["sites"].append({
+            "site_id": site_name(i), "gpu_sms": site.gpu_sms, "granularity": site.granularity, "nodes": [node.meid],
+            "protected_slices": [{"sst": s.sst, "sd": s.sd} for s in slices if s.protected],
+            "best_effort_slices": [{"sst": s.sst, "sd": s.sd} for s in slices if not s.protected],
+        })
+        nc = node.node.config
+        statics.append({"meid": node.meid, "kpm_function_id": nc.kpm_function_id, "kpm_oid": kpm_oid(nc),
+                        "rc_function_id": nc.rc_function_id, "envelope": True})
+    if os.environ.get("DBAAS_SERVICE_HOST"):
+        c["e2"]["discovery"] = "rnib"
+    else:
+        c["e2"]["discovery"] = "static"
+        c["e2"]["static_nodes"] = statics  # the embedded store is per process: the xApp cannot read our R-NIB
+    c["submgr"].update(url=sim.ric.submgr_url, client_host=cfg.host, http_port=ports["rest"], rmr_port=ports["rmr"])
+    c["rmr"].update(port=ports["rmr"], route_table=str(sim.ric.route_file))
+    c["broker"]["listen"] = f"{cfg.host}:{ports['broker']}"
+    c["rest"]["port"] = ports["rest"]
+    base["controls"] = c
+    return base
+
+
+@dataclass
+class SiteTally:
+    """The world's own accounting for one site (ground truth from the model, per period)."""
+
+    periods: int = 0
+    ran_sm_s: float = 0.0
+    spare_sm_s: float = 0.0
+    usable_spare_sm_s: float = 0.0
+    training_sm_s: float = 0.0
+    misses: int = 0
+    misses_training: int = 0
+    slots: int = 0
+    series: list = field(default_factory=list)
+
+
+class World:
+    """The testbed side of `weaver up`: paces the model, feeds it the agents' real leases, keeps the tally."""
+
+    def __init__(self, sim, cfg: UpConfig) -> None:
+        self.sim = sim
+        self.cfg = cfg
+        n = sim.model.scenario.n_sites
+        self.tally = [SiteTally() for _ in range(n)]
+        self.gpu = np.array([s.gpu_sms for s in sim.model.scenario.sites], dtype=float)
+        self.gran = np.array([s.granularity for s in sim.model.scenario.sites], dtype=float)
+
+    def account(self, report) -> None:
+        period_s = self.sim.period_s
+        demand = np.asarray(report.demand, dtype=float)          # (T, S) SMs per slot
+        training = np.asarray(report.training_sms, dtype=float)  # (S,)
+        slot_s = period_s / demand.shape[0]
+        peak = demand.max(axis=0)
+        # usable spare over this lease span: SMs above the period's RAN peak plus the guard band, in
+        # partition steps (green contexts: reconfiguration in microseconds, so no latency deduction here)
+        usable = np.floor(np.maximum(self.gpu - peak - self.cfg.guard_sms, 0) / self.gran) * self.gran
+        over = demand > (self.gpu - training)
+        attributable = over & (demand <= self.gpu)  # would not have missed without the training lease
+        for i, t in enumerate(self.tally):
+            t.periods += 1
+            t.slots += demand.shape[0]
+            t.ran_sm_s += float(demand[:, i].sum() * slot_s)
+            t.spare_sm_s += float(np.maximum(self.gpu[i] - demand[:, i], 0).sum() * slot_s)
+            t.usable_spare_sm_s += float(usable[i] * period_s)
+            t.training_sm_s += float(training[i] * period_s)
+            t.misses += int(over[:, i].sum())
+            t.misses_training += int(attributable[:, i].sum())
+
+
+@dataclass
+class AgentView:
+    site: int
+    addr: str
+    first_val_loss: float = math.nan
+    last: dict = field(default_factory=dict)
+    seen_at: float = 0.0
+
+
+def _status_dict(st) -> dict:
+    lease = st.lease
+    return {"mode": st.mode, "device": st.device, "step": st.step, "tokens": st.tokens, "loss": st.loss,
+            "val_loss": st.val_loss, "connected": st.connected, "tokens_per_s": st.tokens_per_s,
+            "lease_sms": lease.sm_count if st.lease_remaining_ms > 0 else 0, "lease_id": lease.lease_id,
+            "last_checkpoint": st.last_checkpoint}
+
+
+class AgentProbe:
+    """Reads each agent's AgentInspect status (gRPC) - what the agent really holds and has trained."""
+
+    def __init__(self, views: list[AgentView]) -> None:
+        import grpc
+
+        from schemas.proto.weaver.v1 import lease_pb2, lease_pb2_grpc
+
+        self._pb = lease_pb2
+        self.views = views
+        self._stubs = [lease_pb2_grpc.AgentInspectStub(grpc.insecure_channel(v.addr)) for v in views]
+
+    def poll(self) -> None:
+        for v, stub in zip(self.views, self._stubs, strict=True):
+            try:
+                st = stub.Status(self._pb.StatusRequest(), timeout=0.5)
+            except Exception:  # an agent that went away holds nothing we can see; the lease will expire
+                v.last = {**v.last, "lease_sms": 0, "connected": False, "reachable": False}
+                continue
+            d = _status_dict(st)
+            d["reachable"] = True
+            if math.isnan(v.first_val_loss) and not math.isnan(d["val_loss"]):
+                v.first_val_loss = d["val_loss"]
+            v.last, v.seen_at = d, time.monotonic()
+
+
+async def _get_json(url: str, timeout: float = 2.0):
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s, s.get(url) as r:
+        r.raise_for_status()
+        return await r.json()
+
+
+def _fmt_line(elapsed: float, duration: float | None, world: World, agents: list[AgentView], xsites: dict) -> str:
+    t = world.tally
+    usable = sum(x.usable_spare_sm_s for x in t)
+    granted = sum((xsites.get(site_name(i)) or {}).get("counters", {}).get("sm_s_granted", 0.0) for i in range(len(t)))
+    used = sum((xsites.get(site_name(i)) or {}).get("counters", {}).get("sm_s_used", 0.0) for i in range(len(t)))
+    tps = sum(a.last.get("tokens_per_s", 0.0) or 0.0 for a in agents)
+    losses = [a.last.get("loss") for a in agents if a.last.get("loss") and not math.isnan(a.last["loss"])]
+    prog = f"{elapsed:5.0f}s" + (f"/{duration:.0f}s" if duration else "")
+    leases = " ".join(f"{a.last.get('lease_sms', 0):>3}" for a in agents)
+    return (f"[{prog}] usable spare {usable:7.1f} SM·s  granted {granted:7.1f}  used {used:7.1f}  "
+            f"leases [{leases}]  misses {sum(x.misses for x in t)} (training {sum(x.misses_training for x in t)})  "
+            f"tokens/s {tps:7.0f}  loss {np.mean(losses) if losses else float('nan'):.3f}")
+
+
+async def run_up(cfg: UpConfig, out=print) -> dict:
+    from testbed.sim import SimConfig, Simulation
+
+    run_dir = cfg.run_dir or Path(tempfile.mkdtemp(prefix="weaver-up-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    handler = logging.FileHandler(run_dir / "logs" / "world.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    logging.getLogger().setLevel(logging.INFO)
+    ports = {"rmr": free_port(), "rest": cfg.rest_port or free_port(), "broker": free_port()}
+    scenario = scenario_for(cfg)
+    sim_cfg = SimConfig(n_sites=cfg.sites, n_cells=cfg.cells, seed=cfg.seed, host=cfg.host, e2term_port=0,
+                        submgr_http_port=0, xapps=(f"{cfg.host}:{ports['rmr']}",), route_dir=str(run_dir), speed=1.0)
+    sim = await Simulation.start(sim_cfg, scenario=scenario)
+    sup = Supervisor(log_dir=run_dir / "logs")
+    world = World(sim, cfg)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    summary: dict = {}
+    try:
+        config_path = run_dir / "config-file.json"
+        config_path.write_text(json.dumps(xapp_controls(cfg, sim, ports), indent=2))
+        xenv = {"CONFIG_FILE": str(config_path), "RMR_SEED_RT": str(sim.ric.route_file), "RMR_RTG_SVC": "-1",
+                "RMR_SRC_ID": cfg.host, "PYTHONPATH": str(ROOT)}
+        xapp = sup.start("xapp", [str(venv_python(".venv-xapp")), "-m", "xapp", "--config", str(config_path)], env=xenv)
+        await asyncio.to_thread(xapp.wait_for_line, r"weaver-xapp: ready", 90)
+        agents: list[AgentView] = []
+        for i in range(cfg.sites):
+            argv = [str(venv_python(".venv-agent")), "-m", "agent.cli", "run", "--broker", f"{cfg.host}:{ports['broker']}",
+                    "--site-id", site_name(i), "--agent-id", f"agent-{i}", "--preset", cfg.agent_preset,
+                    "--checkpoint-dir", str(run_dir / f"agent-{i}"), "--inspect-addr", f"{cfg.host}:0",
+                    "--metrics-addr", f"{cfg.host}:0"]
+            sup.start(f"agent:{i}", argv, env={"PYTHONPATH": str(ROOT)})
+        for i in range(cfg.sites):
+            m = await asyncio.to_thread(sup.get(f"agent:{i}").wait_for_line, r"inspect on (\S+)", 120)
+            agents.append(AgentView(i, m.group(1)))
+        probe = AgentProbe(agents)
+        rest = f"http://{cfg.host}:{ports['rest']}"
+        out(f"weaver up: dashboard  {rest}/")
+        out(f"weaver up: rest       {rest}/api/v1  (openapi {rest}/openapi.json, metrics {rest}/metrics)")
+        out(f"weaver up: rmr        xapp {cfg.host}:{ports['rmr']}  e2term {sim.ric.e2term_address}")
+        out(f"weaver up: grpc       lease broker {cfg.host}:{ports['broker']}  agents "
+            + " ".join(f"{site_name(a.site)}={a.addr}" for a in agents))
+        out(f"weaver up: submgr     {sim.ric.submgr_url}/subscriptions")
+        out(f"weaver up: run dir    {run_dir} (logs, config, checkpoints)")
+
+        t0 = loop.time()
+        next_print = t0 + 1.0
+        n = 0
+        xsites: dict = {}
+        while not stop.is_set():
+            if cfg.duration_s is not None and loop.time() - t0 >= cfg.duration_s:
+                break
+            await asyncio.to_thread(probe.poll)
+            for a in agents:  # what each agent really holds is what the RAN must live with
+                sim.model.set_training_sms(a.site, float(a.last.get("lease_sms", 0) or 0))
+            report = await sim.step()
+            world.account(report)
+            n += 1
+            if loop.time() >= next_print:
+                next_print += 1.0
+                try:
+                    xsites = {s["site_id"]: s for s in (await _get_json(f"{rest}/api/v1/sites"))["sites"]}
+                except Exception:
+                    xsites = {}
+                out(_fmt_line(loop.time() - t0, cfg.duration_s, world, agents, xsites))
+                for c in sup.children:
+                    if not c.alive:
+                        raise ChildFailed(f"{c.name} exited ({c.proc.returncode}); see {run_dir / 'logs'}")
+            wait = t0 + n * sim.period_s - loop.time()
+            if wait > 0:
+                try:
+                    await asyncio.wait_for(stop.wait(), wait)
+                except TimeoutError:
+                    pass
+        # final figures, before anything is stopped
+        try:
+            xsites = {s["site_id"]: s for s in (await _get_json(f"{rest}/api/v1/sites"))["sites"]}
+        except Exception as exc:
+            out(f"weaver up: could not read the xApp's final state: {exc}")
+        await asyncio.to_thread(probe.poll)
+        summary = build_summary(cfg, world, agents, xsites, loop.time() - t0)
+    finally:
+        # RAN first: the xApp revokes every lease on SIGTERM, then agents checkpoint, then the world stops
+        await asyncio.to_thread(sup.stop_all, ["xapp", "agent"], 20.0)
+        await sim.close()
+    return summary
+
+
+def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: dict, elapsed: float) -> dict:
+    sites = {}
+    for i, t in enumerate(world.tally):
+        x = xsites.get(site_name(i)) or {}
+        c = x.get("counters", {})
+        a = agents[i].last if i < len(agents) else {}
+        used = float(c.get("sm_s_used", 0.0))
+        sites[site_name(i)] = {
+            "archetype": ARCHETYPES[i % len(ARCHETYPES)],
+            "kpm_indications": int(c.get("kpm_indications", 0)),
+            "rc_controls_sent": int(c.get("rc_controls_sent", 0)),
+            "rc_controls_acked": int(c.get("rc_controls_acked", 0)),
+            "rc_controls_failed": int(c.get("rc_controls_failed", 0)),
+            "leases_granted": int(c.get("leases_granted", 0)),
+            "sm_seconds_granted": float(c.get("sm_s_granted", 0.0)),
+            "sm_seconds_used": used,
+            "sm_seconds_held_by_agent": t.training_sm_s,
+            "ran_sm_s": t.ran_sm_s,
+            "spare_sm_s": t.spare_sm_s,
+            "usable_spare_sm_s": t.usable_spare_sm_s,
+            "utilization": used / t.usable_spare_sm_s if t.usable_spare_sm_s > 0 else 0.0,
+            "deadline_misses": t.misses,
+            "deadline_misses_attributable_to_training": t.misses_training,
+            "deadline_miss_rate": t.misses / t.slots if t.slots else 0.0,
+            "slots": t.slots,
+            "tokens_trained": int(a.get("tokens", 0) or 0),
+            "steps": int(a.get("step", 0) or 0),
+            "val_loss_start": agents[i].first_val_loss if i < len(agents) else math.nan,
+            "val_loss_end": a.get("val_loss", math.nan),
+            "final_envelope_sms": x.get("envelope_sms"),
+            "final_grant_sms": x.get("grant_sms"),
+        }
+    keys_sum = ("kpm_indications", "rc_controls_sent", "rc_controls_acked", "rc_controls_failed", "leases_granted",
+                "sm_seconds_granted", "sm_seconds_used", "sm_seconds_held_by_agent", "ran_sm_s", "spare_sm_s",
+                "usable_spare_sm_s", "deadline_misses", "deadline_misses_attributable_to_training", "slots",
+                "tokens_trained", "steps")
+    totals = {k: sum(s[k] for s in sites.values()) for k in keys_sum}
+    totals["utilization"] = totals["sm_seconds_used"] / totals["usable_spare_sm_s"] if totals["usable_spare_sm_s"] else 0.0
+    totals["deadline_miss_rate"] = totals["deadline_misses"] / totals["slots"] if totals["slots"] else 0.0
+    starts = [s["val_loss_start"] for s in sites.values() if not math.isnan(s["val_loss_start"])]
+    ends = [s["val_loss_end"] for s in sites.values() if s["val_loss_end"] is not None and not math.isnan(s["val_loss_end"])]
+    totals["val_loss_start"] = float(np.mean(starts)) if starts else math.nan
+    totals["val_loss_end"] = float(np.mean(ends)) if ends else math.nan
+    totals["tokens_per_s"] = totals["tokens_trained"] / elapsed if elapsed > 0 else 0.0
+    return {"policy": cfg.policy, "seed": cfg.seed, "duration_s": round(elapsed, 3), "period_ms": cfg.period_ms,
+            "partition": "green-context (reconfiguration in microseconds)", "guard_sms": cfg.guard_sms,
+            "sites": sites, "totals": totals}
+
+
+def _json_safe(o):
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: _json_safe(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_json_safe(v) for v in o]
+    return o
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--duration", type=float, default=None, help="seconds to run (default: until Ctrl-C)")
+    parser.add_argument("--sites", type=int, default=3)
+    parser.add_argument("--cells", type=int, default=4)
+    parser.add_argument("--policy", default="weaver", choices=["static", "reactive", "weaver", "oracle"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--period-ms", type=float, default=100.0)
+    parser.add_argument("--port", type=int, default=0, help="xApp REST/dashboard port (default: any free)")
+    parser.add_argument("--preset", default="tiny", help="agent model preset (tiny, small, medium)")
+    parser.add_argument("--run-dir", default=None, help="logs, config and checkpoints (default: a temp dir)")
+    parser.add_argument("--json", default=None, metavar="SUMMARY", help="write the run summary as JSON")
+
+
+def run(args) -> int:
+    try:
+        cfg = UpConfig(sites=args.sites, cells=args.cells, duration_s=args.duration, policy=args.policy,
+                       seed=args.seed, period_ms=args.period_ms, rest_port=args.port, agent_preset=args.preset,
+                       run_dir=Path(args.run_dir) if args.run_dir else None)
+    except ValueError as exc:
+        print(f"weaver up: {exc}", file=sys.stderr)
+        return 2
+    try:
+        summary = asyncio.run(run_up(cfg, out=lambda s: print(s, flush=True)))
+    except ChildFailed as exc:
+        print(f"weaver up: {exc}", file=sys.stderr)
+        return 1
+    if summary:
+        t = summary["totals"]
+        print(f"weaver up: done in {summary['duration_s']:.0f}s - usable spare {t['usable_spare_sm_s']:.1f} SM·s, "
+              f"used {t['sm_seconds_used']:.1f} ({t['utilization']:.0%}), misses {t['deadline_misses']} "
+              f"(training {t['deadline_misses_attributable_to_training']}), tokens {t['tokens_trained']}, "
+              f"val loss {t['val_loss_start']:.3f} -> {t['val_loss_end']:.3f}", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(_json_safe(summary), indent=2))
+    return 0
