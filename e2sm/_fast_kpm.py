@@ -224,12 +224,19 @@ def _message(data: bytes) -> IndicationMessageFormat1:  # noqa: C901 - one pass 
     records = []
     incomplete = []
     for r in range(count):
-        # MeasurementDataItem: ext bit, incompleteFlag presence bit
-        flags = buf[pos >> 3] >> 6 if not pos & 7 else _bits(buf, pos, 2)
+        # MeasurementDataItem: ext bit, incompleteFlag presence bit; then MeasurementRecord SIZE(1..2^31-1)
+        # as an aligned plain count (one octet below 128, the common case read inline)
+        i = pos >> 3
+        if not pos & 7 and not buf[i] & 0x3F and buf[i + 1] < 0x80:
+            flags = buf[i] >> 6
+            n = buf[i + 1]
+            pos += 16
+        else:
+            flags = _bits(buf, pos, 2)
+            pos = _align(buf, pos + 2)
+            n, pos = _length(buf, pos)
         if flags & 2:
             raise Unsupported("MeasurementDataItem extension")
-        pos = _align(buf, pos + 2)
-        n, pos = _length(buf, pos)                      # MeasurementRecord SIZE(1..2^31-1): plain count
         if n == 0:
             raise Invalid("empty record")
         record = []
@@ -249,7 +256,12 @@ def _message(data: bytes) -> IndicationMessageFormat1:  # noqa: C901 - one pass 
                     continue
                 if b == 0x20 and buf[i + 1] < 0x80:    # real with a short length
                     size = buf[i + 1]
-                    append(_real(buf[i + 2:i + 2 + size]))
+                    if size > 2 and buf[i + 2] == 0x80:  # binary, base 2, 1-octet exponent: what encoders write
+                        e = buf[i + 3]
+                        # the exact expression asn1tools evaluates (so rounding and overflow agree)
+                        append(float(int.from_bytes(buf[i + 4:i + 2 + size], "big") * 2 ** (e - 256 if e & 0x80 else e)))
+                    else:
+                        append(_real(buf[i + 2:i + 2 + size]))
                     pos += 16 + 8 * size
                     continue
             choice = _bits(buf, pos, 3)
