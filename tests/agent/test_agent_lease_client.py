@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.config import LeaseClientConfig
-from agent.lease_client import Connected, Disconnected, LeaseClient, LeaseGranted, LeaseRevoked
+from agent.lease_client import Connected, Disconnected, LeaseClient, LeaseGranted, LeaseRevoked, lease_terms
 from agent.monitors import cpu_facts
 from schemas.proto.weaver.v1 import lease_pb2
 from tests.agent.broker import ScriptedBroker
@@ -129,3 +132,40 @@ def test_wrong_token_is_refused_by_the_broker():
     finally:
         client.stop()
         broker.stop()
+
+
+@given(st.builds(lease_pb2.Lease, lease_id=st.text(max_size=8), sm_count=st.integers(0, 2**32 - 1),
+                 period_ms=st.integers(0, 2**32 - 1), valid_for_ms=st.integers(0, 2**32 - 1),
+                 epoch=st.integers(0, 2**64 - 1), seq=st.integers(0, 2**64 - 1),
+                 duty=st.floats(allow_nan=True, allow_infinity=True)))
+@settings(max_examples=200, deadline=None)
+def test_any_lease_message_gives_terms_or_a_clear_error(msg):
+    try:
+        t = lease_terms(msg, 5.0)
+    except ValueError as exc:
+        assert repr(msg.lease_id) in str(exc)
+        return
+    assert t.period_s > 0 and 0.0 <= t.duty <= 1.0 and t.expires_at >= 5.0
+
+
+def test_garbage_bytes_to_the_inspection_service_are_refused_and_it_keeps_serving(tmp_path):
+    import grpc
+
+    from agent.config import tiny_cpu
+    from agent.inspect_service import serve_inspect
+    from agent.site_agent import SiteAgent
+    agent = SiteAgent(replace(tiny_cpu(), checkpoint_dir=str(tmp_path)), device=cpu_facts(1))
+    server, addr = serve_inspect(agent, "127.0.0.1:0")
+    try:
+        with grpc.insecure_channel(addr) as ch:
+            raw = ch.unary_unary("/weaver.v1.AgentInspect/Leases")
+            with pytest.raises(grpc.RpcError) as err:
+                raw(b"\xff\xff\xff\x00garbage", timeout=5)
+            assert err.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT)
+            from schemas.proto.weaver.v1 import lease_pb2_grpc
+            st_ = lease_pb2_grpc.AgentInspectStub(ch).Status(lease_pb2.StatusRequest(), timeout=5)
+            assert st_.site_id == "site-0" and st_.step == 0
+        with pytest.raises(ValueError, match="localhost"):
+            serve_inspect(agent, "0.0.0.0:0")
+    finally:
+        server.stop(0)
