@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -134,8 +135,10 @@ def run(args) -> int:
     ratios = {k: (fitted[k] / fixed[k] if fixed[k] else float("inf"))
               for k in ("utilisation", "overrun_p99_ms", "overrun_max_ms", "tokens_per_s")}
     met = fitted["utilisation"] >= TARGET_UTILISATION and fitted["overrun_p99_pct_of_period"] < TARGET_OVERRUN_P99_PCT
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"weaver bench agent: {args.windows} leases/arm, periods {periods} ms, duties {duties}, "
-          f"preset {args.preset}, {args.device} x{args.threads} threads, seed {args.seed}")
+          f"preset {args.preset}, {args.device} x{args.threads} threads, seed {args.seed}, "
+          f"host load {load:.1f} on {os.cpu_count()} cores")
     head = (f"{'arm':<14} {'windows':>7} {'util':>6} {'cpu util':>8} {'ovr p50':>8} {'ovr p99':>8} "
             f"{'ovr max':>8} {'p99 %per':>8} {'ovr frac':>8} {'tok/s':>8}")
     print(head)
@@ -151,6 +154,7 @@ def run(args) -> int:
           f"{fitted['overrun_p99_pct_of_period']:.1f}%)")
     if args.json:
         out = {"bench": "agent", "seed": args.seed, "device": args.device, "threads": args.threads,
+               "host_loadavg_1m": load, "host_cpus": os.cpu_count(),
                "preset": args.preset, "trace": {"windows": args.windows, "periods_ms": periods, "duties": duties},
                "arms": {"fitted": fitted, "fixed": fixed}, "ratios_fitted_over_fixed": ratios,
                "targets": {"utilisation_min": TARGET_UTILISATION,

@@ -146,3 +146,15 @@ def test_checkpoint_refuses_foreign_models(corpus):
     other = Trainer(TrainConfig(model=GPTConfig(n_embd=32, n_head=2, n_layer=1, block_size=16)), corpus)
     with pytest.raises(ValueError, match="does not match"):
         other.load_state_dict(t.state_dict())
+
+
+def test_tiny_preset_matches_the_golden_loss_curve(corpus):
+    """Numeric drift (init, data order, optimizer) fails loudly, as torchtitan's loss assets do. The
+    tolerance absorbs float differences between CPU instruction sets, not behaviour changes."""
+    from pathlib import Path
+    golden = [float(line.split()[1]) for line in
+              (Path(__file__).parent / "assets" / "losses_tiny_cpu.txt").read_text().splitlines()
+              if line and not line.startswith("#")]
+    torch.set_num_threads(1)
+    got = [r.loss for r in Trainer(TINY, corpus).train_steps(len(golden), 16)]
+    assert got == pytest.approx(golden, rel=2e-3)
