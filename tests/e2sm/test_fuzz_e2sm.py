@@ -182,3 +182,56 @@ def test_non_zero_final_padding_is_refused():
         kpm.decode_indication_message(bad, V3)
     with pytest.raises(e2sm.E2DecodeError, match="padding"):
         e2sm.decode_json("kpm-v3.00:E2SM-KPM-IndicationMessage", bad)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=12), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+def _leaf_paths(node, path=()):
+    if isinstance(node, dict) and node:
+        for k, v in node.items():
+            yield from _leaf_paths(v, path + (k,))
+    elif isinstance(node, list) and node:
+        for i, v in enumerate(node):
+            yield from _leaf_paths(v, path + (i,))
+    else:
+        yield path
+
+
+def _replace(node, path, value):
+    if not path:
+        return value
+    copy = dict(node) if isinstance(node, dict) else list(node)
+    copy[path[0]] = _replace(node[path[0]], path[1:], value)
+    return copy
+
+
+def assert_bytes_or_encode_error(kind, value):
+    try:
+        data = e2sm.encode_json(kind, value)
+    except e2sm.E2EncodeError:
+        return
+    except Exception as exc:  # pragma: no cover - the failure being tested for
+        raise AssertionError(f"encode_json({kind}) raised {type(exc).__name__}: {exc} on {value!r}") from exc
+    assert isinstance(data, bytes)
+
+
+@FUZZ
+@given(value=json_values, kind=st.sampled_from([k for k in e2sm.kinds() if not k.startswith("e2ap:")]))
+def test_encode_json_refuses_garbage_with_encode_error(value, kind):
+    assert_bytes_or_encode_error(kind, value)
+
+
+def test_encode_json_refuses_each_leaf_of_a_vector_replaced_by_garbage(vectors_dir):
+    garbage = [None, True, -1, 1 << 64, 1.5, "zz", "", [], {}, {"x": 1}]
+    for path in sorted(vectors_dir.glob("*.json")):
+        v = json.loads(path.read_text())
+        if v["kind"].startswith("e2ap:"):
+            continue
+        for leaf in _leaf_paths(v["decoded"]):
+            for g in garbage:
+                assert_bytes_or_encode_error(v["kind"], _replace(v["decoded"], leaf, g))
