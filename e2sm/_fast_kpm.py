@@ -1,15 +1,17 @@
-"""Hand-written APER readers (and writers) for the hot E2SM-KPM payloads: indication header format 1 and indication
-message format 1 (v02.03 and v03.00 modules; X.691 aligned PER, X.690 REAL contents).
+"""Hand-written APER readers and writers for the hot E2SM-KPM payloads: indication header format 1 and
+indication message format 1 (v02.03 and v03.00 modules; X.691 aligned PER, X.690 REAL contents).
 
-They return the same `e2sm.kpm` dataclasses as the asn1tools reference path, for exactly the encodings
-they recognise: root values only (every extension bit 0), zero padding bits, minimal lengths, no
+The readers return the same `e2sm.kpm` dataclasses as the asn1tools reference path, for exactly the
+encodings they recognise: root values only (every extension bit 0), zero padding bits, minimal lengths, no
 fragmentation, the labels Weaver models (noLabel, sliceID), every constraint met, the whole input consumed.
-For anything else they raise `Unsupported` and `e2sm.kpm` decodes the bytes with asn1tools under
-`check_constraints=True`, which returns the value or raises E2DecodeError. `Invalid` (a subclass) says more:
-the parse got as far as asn1tools' would, field for field, and then found what makes `e2sm.kpm` refuse the
-bytes (too short or too long, a size or range outside its constraint, a non-PrintableString character), so
-a caller may raise E2DecodeError without asking asn1tools. So bad input behaves the same on
-both paths by construction; tests/e2sm/test_fast_kpm.py checks that accepted input gives the same value.
+For anything else they raise `Unsupported`, and `e2sm.kpm` decodes the bytes with asn1tools under
+`check_constraints=True`, which returns the value or raises E2DecodeError; so bad input behaves the same on
+both paths by construction. `Invalid` (a subclass) says more: the parse went as far as asn1tools' would,
+field for field, and found what makes `e2sm.kpm` refuse the bytes (too short or too long, a size or range
+outside its constraint, a non-PrintableString character), so a caller may raise E2DecodeError without
+asking asn1tools. tests/e2sm/test_fast_kpm.py checks both claims against the reference.
+
+The writers produce asn1tools' exact bytes for values `e2sm.kpm` has validated, or raise `Unsupported`.
 
 Bit layout reminders (X.691): a constrained whole number with range <= 255 is a bit-field, 256 is one
 aligned octet, <= 64K two aligned octets, above that a 2-bit octet count then aligned octets; a length with
@@ -34,8 +36,8 @@ from e2sm.kpm import (
     Snssai,
 )
 
-__all__ = ["Invalid", "Unsupported", "decode_indication_header", "decode_indication_message", "encode_indication_header",
-           "encode_indication_message"]
+__all__ = ["Invalid", "Unsupported", "decode_indication_header", "decode_indication_message",
+           "encode_indication_header", "encode_indication_message"]
 
 _PRINTABLE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 '()+,-./:=?")
 _NO_LABEL = MeasLabel()
