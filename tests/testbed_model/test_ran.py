@@ -248,3 +248,24 @@ def test_deferred_work_never_exceeds_a_cells_prbs_or_quota_when_it_catches_up(mo
         capped.step_period()
         free.step_period()
     np.testing.assert_allclose(capped.served_bytes, free.served_bytes, rtol=1e-9)
+
+
+def test_generated_traffic_of_complementary_sites_sums_to_a_flatter_day():
+    archetypes = ("residential", "business", "transport", "entertainment")
+    sc = Scenario(name="day", description="d", sites=tuple(SiteConfig(site_id=i, archetype=a) for i, a in enumerate(archetypes)),
+                  start_hour=0.0, day_speedup=3600 / 0.1)  # each 100 ms period is one hour of the day
+    tr = SyntheticTrace(sc, seed=12)
+    hourly = np.array([(lambda x: x.dl.sum(axis=(0, 2, 3)) + x.ul.sum(axis=(0, 2, 3)))(tr.arrivals(h * 200, 200))
+                       for h in range(48)])  # (hours, sites) offered bytes
+
+    def cv(x):
+        return x.std() / x.mean()
+
+    assert cv(hourly.sum(axis=1)) < min(cv(hourly[:, s]) for s in range(4))
+
+
+def test_real_time_clock_maps_wall_time_to_slots():
+    from testbed.model import RealTimeClock
+
+    c = RealTimeClock(speed=1000.0)
+    assert c.slot >= 0 and c.seconds_until_slot(10**9) > 0
