@@ -182,7 +182,8 @@ class Simulation:
 def build_sim_api(sim: Simulation) -> web.Application:
     """`GET /sim/v1/state` (virtual time, per-site envelope, training SMs, quotas) and
     `PUT /sim/v1/sites/{site}/training {"sms": n}`: what an agent really holds, so the model counts
-    deadline misses against real leases. Bad requests get 4xx JSON errors and change nothing."""
+    deadline misses against real leases; `POST /sim/v1/sites/{site}/stop`: take that site's E2 node off
+    the air (tests of lost sites). Bad requests get 4xx JSON errors and change nothing."""
 
     def error(status: int, message: str) -> web.Response:
         return web.json_response({"error": message}, status=status)
