@@ -11,6 +11,7 @@ Controls carry RIC request ID (CONTROL_REQUESTOR, control_id & 0xffff) so that A
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from e2sm import E2DecodeError
@@ -79,19 +80,31 @@ def node_control(node: E2Node, act: ActuationConfig) -> NodeControl:
     return NodeControl(meid=node.meid, rc_function_id=rc.ran_function_id, mode=mode, ids=ids, note=note)
 
 
+# The E2SM parts depend only on the values, and envelopes move in partition steps: cache them, so a
+# control costs one E2AP encode (the request ID differs every time).
+@functools.lru_cache(maxsize=4096)
+def _envelope_e2sm(envelope_sms: int, be_delay_budget_ms: int, ue_id: int) -> tuple[bytes, bytes]:
+    hdr = RcControlHeader(WEAVER_STYLE, WEAVER_ENVELOPE_ACTION, GnbDuUeId(ue_id))
+    return encode_control_header(hdr), encode_control_message(build_envelope_control(envelope_sms, be_delay_budget_ms))
+
+
+@functools.lru_cache(maxsize=4096)
+def _quota_e2sm(quotas: tuple[SliceQuota, ...], ids: PrbQuotaIds, ue_id: int) -> tuple[bytes, bytes]:
+    hdr = RcControlHeader(PRB_QUOTA_STYLE, PRB_QUOTA_ACTION, GnbDuUeId(ue_id))
+    return encode_control_header(hdr), encode_control_message(build_prb_quota_control(quotas, ids))
+
+
 def envelope_request(nc: NodeControl, control_id: int, envelope_sms: int, be_delay_budget_ms: int,
                      ue_id: int = 0) -> bytes:
-    hdr = RcControlHeader(WEAVER_STYLE, WEAVER_ENVELOPE_ACTION, GnbDuUeId(ue_id))
-    msg = build_envelope_control(envelope_sms, be_delay_budget_ms)
+    hdr, msg = _envelope_e2sm(envelope_sms, be_delay_budget_ms, ue_id)
     return encode_e2ap(RicControlRequest(RicRequestId(CONTROL_REQUESTOR, control_id & 0xFFFF), nc.rc_function_id,
-                                         encode_control_header(hdr), encode_control_message(msg), ack_request=True))
+                                         hdr, msg, ack_request=True))
 
 
 def quota_request(nc: NodeControl, control_id: int, quotas: tuple[SliceQuota, ...], ue_id: int = 0) -> bytes:
-    hdr = RcControlHeader(PRB_QUOTA_STYLE, PRB_QUOTA_ACTION, GnbDuUeId(ue_id))
-    msg = build_prb_quota_control(quotas, nc.ids)
+    hdr, msg = _quota_e2sm(tuple(quotas), nc.ids, ue_id)
     return encode_e2ap(RicControlRequest(RicRequestId(CONTROL_REQUESTOR, control_id & 0xFFFF), nc.rc_function_id,
-                                         encode_control_header(hdr), encode_control_message(msg), ack_request=True))
+                                         hdr, msg, ack_request=True))
 
 
 @dataclass(frozen=True, kw_only=True)

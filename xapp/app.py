@@ -141,6 +141,7 @@ class XappApp:
         self.lost_nodes: set[str] = set()
         self.watcher = ConfigWatcher(config_path) if config_path else None
         self._wake = asyncio.Event()
+        self._drops: dict[tuple[str, str], int] = {}
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self.epoch = 0
@@ -315,8 +316,9 @@ class XappApp:
                 if site is not None:
                     self.site_tally(site.site_id).kpm_indications += 1
             except IngestError as exc:
-                n = self.ingest.errors.get(exc.kind, 0)
-                if n <= 5 or n & (n - 1) == 0:       # 1..5, then every power of two: no log flood
+                key = (exc.kind, msg.meid)
+                n = self._drops[key] = self._drops.get(key, 0) + 1
+                if n <= 5 or n & (n - 1) == 0:       # per kind and node: 1..5, then powers of two (no flood)
                     log.warning("indication dropped (node %r, mtype %d, %d so far): %s", msg.meid, msg.mtype, n, exc)
                 return
         elif msg.mtype in (MT_CONTROL_ACK, MT_CONTROL_FAILURE):

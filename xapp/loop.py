@@ -128,6 +128,8 @@ class LoopState:
     sites: dict[str, SiteRuntime]
     next_tick: float
     pending: dict[int, PendingControl] = field(default_factory=dict)
+    busy_nodes: dict[str, int] = field(default_factory=dict)     # meid -> pending control id
+    busy_sites: dict[str, int] = field(default_factory=dict)     # site -> pending controls
     next_control_id: int = 1
     events: deque = field(default_factory=lambda: deque(maxlen=1000))   # (t, site, kind, detail)
     started: float = 0.0
@@ -194,6 +196,24 @@ def next_deadline(state: LoopState) -> float:
     return t
 
 
+def _pop_pending(state: LoopState, cid: int) -> PendingControl | None:
+    p = state.pending.pop(cid, None)
+    if p is not None:
+        state.busy_nodes.pop(p.control.meid, None)
+        n = state.busy_sites.get(p.control.site_id, 1) - 1
+        if n > 0:
+            state.busy_sites[p.control.site_id] = n
+        else:
+            state.busy_sites.pop(p.control.site_id, None)
+    return p
+
+
+def _add_pending(state: LoopState, ctl: SendControl, now: float) -> None:
+    state.pending[ctl.control_id] = PendingControl(ctl, now)
+    state.busy_nodes[ctl.meid] = ctl.control_id
+    state.busy_sites[ctl.site_id] = state.busy_sites.get(ctl.site_id, 0) + 1
+
+
 def _round_down(x: float, step: int) -> int:
     return max(0, int(math.floor(x / step)) * step)
 
@@ -227,7 +247,7 @@ def step(state: LoopState, now: float, inputs: Inputs) -> tuple[LoopState, list[
             rt.misses += int(s.values.get("GPU.DeadlineMiss", 0))
     # 2. control results, then timeouts
     for r in inputs.results:
-        p = state.pending.pop(r.control_id, None)
+        p = _pop_pending(state, r.control_id)
         if p is None:
             continue
         rt = state.sites[p.control.site_id]
@@ -241,7 +261,7 @@ def step(state: LoopState, now: float, inputs: Inputs) -> tuple[LoopState, list[
     timeout = state.cfg.actuation.control_timeout_ms / 1000.0
     for cid, p in list(state.pending.items()):
         if now - p.sent >= timeout:
-            del state.pending[cid]
+            _pop_pending(state, cid)
             rt = state.sites[p.control.site_id]
             state.events.append((now, rt.cfg.site_id, "control-timeout", p.control.meid))
             _failsafe(state, rt, now, "control-timeout", actions)
@@ -259,6 +279,24 @@ def step(state: LoopState, now: float, inputs: Inputs) -> tuple[LoopState, list[
         for rt in state.sites.values():
             _decide(state, rt, now, inputs, actions)
     return state, actions
+
+
+def step_site(state: LoopState, site_id: str, now: float, samples: tuple[KpmSample, ...] = (),
+              results: tuple[ControlOutcome, ...] = (), agents: frozenset[str] = frozenset()) -> list[Action]:
+    """One site's period decision on its own (a shell that ticks sites as their KPM arrives; the bench).
+    Same rules as `step`, restricted to `site_id`."""
+    actions: list[Action] = []
+    rt = state.sites[site_id]
+    for s in samples:
+        rt.last[s.meid] = s
+    for r in results:
+        p = _pop_pending(state, r.control_id)
+        if p is not None and r.ok:
+            rt.acked_envelope = p.control.envelope_sms
+        elif p is not None:
+            _failsafe(state, rt, now, f"control-failure: {r.cause}", actions)
+    _decide(state, rt, now, Inputs(samples=samples, agents=agents), actions)
+    return actions
 
 
 def _observation(state: LoopState, rt: SiteRuntime, est: DemandEstimate, now: float) -> SiteObservation:
@@ -322,7 +360,7 @@ def _decide(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs, actio
         binding = max(envelope, rt.acked_envelope if rt.acked_envelope is not None else site.gpu_sms)
     ceiling = _round_down(site.gpu_sms - binding - _guard(rt), site.granularity) if binding < site.gpu_sms else 0
     grant = min(_round_down(max(0, int(decision.grant_sms)), site.granularity), ceiling)
-    if "quota" in modes and any(p.control.site_id == site.site_id for p in state.pending.values()):
+    if "quota" in modes and site.site_id in state.busy_sites:
         grant = min(grant, rt.grant_sms)
     if site.site_id not in inputs.agents:
         grant = 0
@@ -365,8 +403,9 @@ def _node_quotas(rt: SiteRuntime, caps: tuple[CellCap, ...], min_ratio: int) -> 
 def _actuate(state: LoopState, rt: SiteRuntime, now: float, envelope: int | None,
              quotas: dict[str, tuple[SliceQuota, ...]], sized: int, actions: list) -> None:
     act = state.cfg.actuation
+    busy = state.busy_nodes
     for nc in rt.nodes.values():
-        if any(p.control.meid == nc.meid for p in state.pending.values()):
+        if nc.meid in busy:
             continue                                  # one control in flight per node
         cid = state.next_control_id
         if nc.mode == "envelope" and envelope is not None:
@@ -387,7 +426,7 @@ def _actuate(state: LoopState, rt: SiteRuntime, now: float, envelope: int | None
         else:
             continue
         state.next_control_id = (state.next_control_id % 0xFFFF) + 1
-        state.pending[ctl.control_id] = PendingControl(ctl, now)
+        _add_pending(state, ctl, now)
         actions.append(ctl)
         if ctl.kind == "envelope":
             rt.sent_envelope = envelope
