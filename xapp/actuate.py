@@ -65,7 +65,10 @@ def node_control(node: E2Node, act: ActuationConfig) -> NodeControl:
             definition = decode_ran_function_definition(rc.definition)
         except E2DecodeError as exc:
             note = f"RC definition undecodable ({exc}); fallback IDs"
-    has_envelope = definition is not None and definition.control_action(WEAVER_STYLE, WEAVER_ENVELOPE_ACTION) is not None
+    if definition is not None:
+        has_envelope = definition.control_action(WEAVER_STYLE, WEAVER_ENVELOPE_ACTION) is not None
+    else:
+        has_envelope = node.envelope        # no definition to read (static list): trust the config
     has_quota = definition is None or definition.control_action(PRB_QUOTA_STYLE, PRB_QUOTA_ACTION) is not None
     try:
         ids = resolve_prb_quota_ids(definition, act.rc_ids_fallback)

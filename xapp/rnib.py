@@ -30,6 +30,7 @@ class E2Node:
     meid: str
     connected: bool
     functions: tuple[RanFunction, ...] = ()
+    envelope: bool = False       # static config's claim that the node takes the Weaver envelope control
 
     @property
     def kpm(self) -> RanFunction | None:
@@ -78,5 +79,5 @@ def static_nodes(e2: E2Config) -> list[E2Node]:
         funcs = [RanFunction(ran_function_id=n.kpm_function_id, oid=n.kpm_oid, definition=b"")]
         if n.rc_function_id is not None:
             funcs.append(RanFunction(ran_function_id=n.rc_function_id, oid=RC_OID, definition=b""))
-        out.append(E2Node(meid=n.meid, connected=True, functions=tuple(funcs)))
+        out.append(E2Node(meid=n.meid, connected=True, functions=tuple(funcs), envelope=n.envelope))
     return out

@@ -28,6 +28,14 @@ def test_nodes_and_functions_by_oid():
     assert not by["gnb-b"].connected and by["gnb-b"].kpm.ran_function_id == 147 and by["gnb-b"].rc is None
 
 
-def test_static_list():
-    nodes = static_nodes(E2Config(static_nodes=(StaticNode(meid="n", kpm_function_id=2, rc_function_id=3),)))
+def test_static_list_and_its_actuation_mode():
+    from xapp.actuate import node_control
+    from xapp.config import ActuationConfig
+
+    nodes = static_nodes(E2Config(static_nodes=(StaticNode(meid="n", kpm_function_id=2, rc_function_id=3),
+                                                StaticNode(meid="m", kpm_function_id=2, rc_function_id=3,
+                                                           envelope=True),
+                                                StaticNode(meid="k", kpm_function_id=2))))
     assert nodes[0].kpm.ran_function_id == 2 and nodes[0].rc.ran_function_id == 3 and nodes[0].connected
+    modes = [node_control(n, ActuationConfig()).mode for n in nodes]
+    assert modes == ["quota", "envelope", "none"]
