@@ -274,6 +274,11 @@ class BudgetEnforcer:
         if pending_samples >= step_samples:
             if c.safety * remaining >= step_time:
                 return StepNow(step_time)
+            if w.busy_s == 0 and remaining > 0 and self._probe_due(w):
+                # Even a whole window's budget looks too small for the step: take it now and then (as a
+                # probe) rather than never, or training would stall with its gradients pending forever.
+                self._last_probe = w.start
+                return StepNow(step_time)
             return Idle(w.end if w.end < lease.expires_at else lease.expires_at, "budget-spent")
         plan = min(c.safety * remaining, c.max_batch_fraction * lease.period_s)
         size = self.fit.largest_within(plan, c.min_micro_batch, c.max_micro_batch)

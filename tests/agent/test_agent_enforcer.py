@@ -225,3 +225,19 @@ def test_a_stale_slow_fit_is_re_measured_instead_of_starving_forever():
             now = (d.until or now + 0.05) + 1e-6
     assert launches and launches[0] <= 0.05 * 51           # probed within PROBE_EVERY windows
     assert len(launches) > 50                               # and then it trains normally again
+
+
+def test_a_step_longer_than_any_budget_is_still_taken_now_and_then():
+    enf = BudgetEnforcer()
+    enf.on_lease(lease(0.0, period=0.02, valid=100.0, duty=0.25, seq=1))   # 5 ms budgets
+    enf.record_step(0.0, 0.008)                                              # steps take 8 ms
+    steps, now = 0, 0.02
+    while now < 2.0:
+        d = enf.decide(now, pending_samples=8, step_samples=8)
+        if isinstance(d, StepNow):
+            steps += 1
+            enf.record_step(now, now + 0.008)
+            now += 0.008
+        else:
+            now = (d.until or now + 0.02) + 1e-6
+    assert 1 <= steps <= 2.0 / (0.02 * 10) + 1                               # at most once per PROBE_EVERY windows
