@@ -209,6 +209,11 @@ def trace_summary(traces: torch.Tensor) -> dict:
             "min_site_budget_mean": round(float(traces.min(dim=0).values.mean()), 3)}
 
 
+def _ratio(a: float, b: float) -> float | None:
+    """a/b, or None when the baseline committed nothing in the budget (it never finished a round)."""
+    return a / b if b > 0 else None
+
+
 def report(cfg: BenchConfig, results: dict[str, ModeResult], bench: Bench) -> dict:
     summaries = {m: r.summary(cfg.duration_s, bench.capacity_s) for m, r in results.items()}
     equal = min(r.committed_tokens for r in results.values())
@@ -222,8 +227,8 @@ def report(cfg: BenchConfig, results: dict[str, ModeResult], bench: Bench) -> di
         "capacity_gpu_s": bench.capacity_s,
         "equal_tokens": equal,
         "modes": summaries,
-        "weaver_vs_lockstep_tokens_ratio": w["committed_tokens_per_s"] / lk["committed_tokens_per_s"],
-        "weaver_vs_diloco_tokens_ratio": w["committed_tokens_per_s"] / dl["committed_tokens_per_s"],
+        "weaver_vs_lockstep_tokens_ratio": _ratio(w["committed_tokens_per_s"], lk["committed_tokens_per_s"]),
+        "weaver_vs_diloco_tokens_ratio": _ratio(w["committed_tokens_per_s"], dl["committed_tokens_per_s"]),
         "weaver_minus_lockstep_val_loss_at_equal_tokens": w["val_loss_at_equal_tokens"] - lk["val_loss_at_equal_tokens"],
         "weaver_minus_diloco_val_loss_at_equal_tokens": w["val_loss_at_equal_tokens"] - dl["val_loss_at_equal_tokens"],
         "weaver_minus_lockstep_final_val_loss": w["final_val_loss"] - lk["final_val_loss"],
@@ -241,8 +246,10 @@ def print_table(out: dict) -> None:
         print(f"{m:<10}{s['committed_tokens_per_s']:>11.0f}{s['committed_tokens']:>10}{s['rounds']:>8}"
               f"{s['budget_utilisation']:>7.2f}{s['waiting_share_of_budget']:>9.2f}{s['final_val_loss']:>9.3f}"
               f"{s['val_loss_at_equal_tokens']:>11.3f}{s['wall_s']:>8.1f}")
+    def x(r):
+        return "n/a (baseline committed nothing)" if r is None else f"{r:.2f}x"
     print(f"equal tokens = {out['equal_tokens']}; weaver vs lockstep committed tokens/s: "
-          f"{out['weaver_vs_lockstep_tokens_ratio']:.2f}x, vs diloco: {out['weaver_vs_diloco_tokens_ratio']:.2f}x; "
+          f"{x(out['weaver_vs_lockstep_tokens_ratio'])}, vs diloco: {x(out['weaver_vs_diloco_tokens_ratio'])}; "
           f"val loss at equal tokens, weaver - lockstep: {out['weaver_minus_lockstep_val_loss_at_equal_tokens']:+.3f}, "
           f"weaver - diloco: {out['weaver_minus_diloco_val_loss_at_equal_tokens']:+.3f}")
 

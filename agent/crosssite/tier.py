@@ -235,7 +235,8 @@ class CrossSiteTier:
             self.sleep(max(0.0, c.boundary(k_next) - t_idle))
         t0 = self.clock()
         self._healed = False
-        head = torch.zeros(5, dtype=torch.float64)   # round, deadline, participants, step, errored
+        # round, deadline, participants, step, errored, global ledger (float64: exact below 2**53)
+        head = torch.zeros(7, dtype=torch.float64)
         if red.leader:
             self.manager.start_quorum()
             k, deadline = c.work_deadline(self.clock())
@@ -245,7 +246,10 @@ class CrossSiteTier:
             head[2] = self.manager.num_participants()
             head[3] = self.manager.current_step()
             head[4] = float(self.manager.errored() is not None)
+            head[5], head[6] = self.ledger.committed_rounds, self.ledger.committed_total
         red.broadcast(head)
+        if not red.leader:   # the leader may have healed: its workers take the global ledger too
+            self.ledger.load_state_dict({"committed_rounds": int(head[5]), "committed_total": int(head[6])})
         if red.world_size > 1:   # a healed leader passes the global weights on to its workers
             red.broadcast(self.global_flat)
         self._reset_local()

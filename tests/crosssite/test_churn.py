@@ -1,7 +1,8 @@
 """Three sites on loopback (CPU, gloo, a real torchft Lighthouse): very different budgets, one site
-SIGKILLed mid-run, restarted, healed and back in the quorum.
+SIGKILLed mid-run, restarted, healed and back in the quorum. Site s2 runs two worker processes that
+reduce locally (int8 on the local hop), so its leader alone sends one aggregate per round.
 
-The scenario runs once (module fixture, ~30 s); each test checks one property of its logs.
+The scenario runs once (module fixture, ~30-60 s); each test checks one property of its logs.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ pytestmark = [pytest.mark.agent, pytest.mark.slow]
 
 ROUND_MS = 800
 HEARTBEAT_MS = 400          # below the round length: a dead site costs less than one round
-DUTIES = {"s0": "1.0", "s1": "0.25", "s2": "0.05,0"}   # s2 has no budget every other round
+# log name -> (site, duty per round, worker rank); s2 has no budget every other round
+PROCS = {"s0": ("s0", "1.0", 0), "s1": ("s1", "0.25", 0), "s2": ("s2", "0.05,0", 0), "s2w": ("s2", "0.05,0", 1)}
 
 
 def _read(path: Path) -> list[dict]:
@@ -41,18 +43,29 @@ def _rounds(path: Path) -> list[dict]:
     return [r for r in _read(path) if r["kind"] == "round"]
 
 
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Sites:
     def __init__(self, python: Path, root: Path, tmp: Path, lighthouse: str, epoch_ms: int):
         self.python, self.root, self.tmp, self.lighthouse, self.epoch_ms = python, root, tmp, lighthouse, epoch_ms
         self.procs: dict[str, subprocess.Popen] = {}
+        self.s2_port = _free_port()
 
-    def start(self, site: str, log_name: str, seed: int) -> Path:
+    def start(self, name: str, log_name: str, seed: int) -> Path:
+        site, duty, rank = PROCS[name]
         log = self.tmp / f"{log_name}.jsonl"
+        workers = ["--workers", "2", "--worker-rank", str(rank), "--site-port", str(self.s2_port),
+                   "--local-compression", "int8"] if site == "s2" else []
         self.procs[log_name] = subprocess.Popen(
             [str(self.python), "-m", "agent.crosssite.site", "--site-id", site, "--lighthouse", self.lighthouse,
              "--round-ms", str(ROUND_MS), "--round-epoch-ms", str(self.epoch_ms),
-             "--heartbeat-timeout-ms", str(HEARTBEAT_MS), "--duty", DUTIES[site], "--rounds", "0",
-             "--data-seed", str(seed), "--timeout-s", "3", "--log", str(log)],
+             "--heartbeat-timeout-ms", str(HEARTBEAT_MS), "--duty", duty, "--rounds", "0",
+             "--data-seed", str(seed), "--timeout-s", "3", "--log", str(log), *workers],
             cwd=self.root, stdout=subprocess.DEVNULL, stderr=open(self.tmp / f"{log_name}.err", "w"),
             env={**os.environ, "OMP_NUM_THREADS": "1"})
         return log
@@ -62,8 +75,8 @@ class Sites:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         for p in self.procs.values():
-            try:
-                p.wait(10)
+            try:   # a worker whose leader stopped first can sit in a collective: don't wait long
+                p.wait(3)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(5)
@@ -85,7 +98,7 @@ def scenario(agent_python, repo_root, tmp_path_factory):
     with Lighthouse(cfg) as lh:
         sites = Sites(agent_python, repo_root, tmp, lh.addr, epoch_ms=int(time.time() * 1000))
         try:
-            logs = {name: sites.start(name, name, i) for i, name in enumerate(("s0", "s1", "s2"))}
+            logs = {name: sites.start(name, name, i) for i, name in enumerate(PROCS)}
 
             def full_rounds(name, n, participants, after=0.0):
                 return lambda: sum(1 for r in _rounds(logs[name]) if r["committed"]
@@ -104,20 +117,23 @@ def scenario(agent_python, repo_root, tmp_path_factory):
         finally:
             sites.stop_all()
     return {"killed_at": killed_at, "rounds": {k: _rounds(v) for k, v in logs.items()},
+            "plans": {k: [r for r in _read(v) if r["kind"] == "transfer"] for k, v in logs.items()},
             "errors": {k: [r for r in _read(v) if r["kind"] == "error"] for k, v in logs.items()}}
 
 
-def _by_round(scn) -> dict[int, list[dict]]:
+def _by_round(scn, leaders_only: bool = True) -> dict[int, list[dict]]:
+    """Records per round; by default one per site (its leader's, which carries the site's tokens)."""
     out = defaultdict(list)
     for recs in scn["rounds"].values():
         for r in recs:
-            out[r["round"]].append(r)
+            if r["worker_rank"] == 0 or not leaders_only:
+                out[r["round"]].append(r)
     return out
 
 
 def test_weights_identical_after_every_committed_round(scenario):
     checked = 0
-    for rnd, recs in _by_round(scenario).items():
+    for rnd, recs in _by_round(scenario, leaders_only=False).items():
         committed = [r for r in recs if r["committed"]]
         assert len({r["checksum"] for r in committed}) <= 1, f"round {rnd}: sites disagree {committed}"
         checked += len(committed) > 1
@@ -135,7 +151,7 @@ def test_no_site_waits_more_than_a_small_fraction_of_the_round(scenario):
     assert sorted(waits)[int(0.9 * len(waits))] < 0.15
     # Budgets differ 20x and more, yet the slow sites hold nobody up.
     per_round = {k: statistics.mean(r["tokens"] for r in recs if r["committed"])
-                 for k, recs in scenario["rounds"].items()}
+                 for k, recs in scenario["rounds"].items() if k != "s2w"}
     print(f"mean tokens per round: {per_round}")
     assert per_round["s0"] > 3 * per_round["s1b"] and per_round["s1b"] > 2 * per_round["s2"]
 
@@ -192,3 +208,20 @@ def test_tokens_counted_exactly_once(scenario):
 def test_validation_loss_falls(scenario):
     vals = [r["val_loss"] for r in scenario["rounds"]["s0"] if r["committed"]]
     assert vals[-1] < vals[0] - 0.2, vals
+
+
+def test_two_worker_site_sends_one_aggregate_per_round(scenario):
+    rounds = scenario["rounds"]
+    wan = {r["bytes_sent"] for r in rounds["s0"]}
+    assert len(wan) == 1 and wan.pop() > 0
+    assert {r["bytes_sent"] for r in rounds["s2"]} == {r["bytes_sent"] for r in rounds["s0"]}
+    assert {r["bytes_sent"] for r in rounds["s2w"]} == {0}   # the second worker never touches the WAN
+    plans = scenario["plans"]["s2"]
+    assert plans and all(p["workers"] == 2 and p["window_start_unix_ms"] < p["deadline_unix_ms"] for p in plans)
+    assert not scenario["plans"]["s2w"]
+    worker = {r["round"]: r for r in rounds["s2w"]}
+    both = [(r, worker[r["round"]]) for r in rounds["s2"] if r["committed"] and r["round"] in worker]
+    assert len(both) >= 5
+    for lead, w in both:   # the leader reports the site's tokens: its own plus its worker's
+        assert lead["tokens"] >= w["tokens"] and lead["checksum"] == w["checksum"]
+    assert sum(w["tokens"] for _, w in both) > 0 and sum(lead["tokens"] - w["tokens"] for lead, w in both) > 0
