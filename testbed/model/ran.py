@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import SLOT_S, ModelConfigError, Scenario
-from .mac import FifoBacklog, fifo_delay_slots, fifo_serve, lindley, schedule_cells, served_from
+from .mac import FifoBacklog, FifoResult, fifo_delay_slots, fifo_serve, lindley, schedule_cells, served_from
 from .phy import PhyCost, ul_spill
 from .traffic import SyntheticTrace, TraceSource
 
@@ -244,6 +244,13 @@ class RanModel:
             demand=demand, offered=offered, nondeferrable=nondef,
         )
 
+    @staticmethod
+    def _fifo(backlog: FifoBacklog, start: int, arrivals, served, queue, limit) -> FifoResult:
+        if backlog.total == 0 and not np.any(queue > 0):
+            # Nothing waited this period: every cell's work left in the slot it came (common, and cheap).
+            return FifoResult(arrivals, np.zeros(len(served), dtype=np.intp), backlog)
+        return fifo_serve(backlog, start, arrivals, served, limit=limit)
+
     def _compute_stage(self, s, start, E, nondef, is_u, is_dl, be_dl, be_ul, head_dl, head_ul):
         """Shape site s's best-effort work under envelope E. Returns (demand (T,), DL work per cell
         served (T,C), UL work per cell served (T,C), oldest added delay in slots)."""
@@ -263,7 +270,7 @@ class RanModel:
         q = lindley(w_ul - ul_cap, np.asarray(b0))
         srv_ul = served_from(q, np.asarray(b0), w_ul)
         # Each cell carries at most its own PRB-MAC output plus its PRB headroom in a slot.
-        f_ul = fifo_serve(self.backlog_ul[s], start, be_ul, srv_ul, limit=be_ul + head_ul)
+        f_ul = self._fifo(self.backlog_ul[s], start, be_ul, srv_ul, q, be_ul + head_ul)
         self.backlog_ul[s] = f_ul.backlog
         spill = ul_spill(f_ul.per_cell.sum(axis=1) / cu.budget_us)
         # DL: fill what is left under E.
@@ -272,7 +279,7 @@ class RanModel:
         b0 = self.backlog_dl[s].total
         q = lindley(w_dl - dl_cap, np.asarray(b0))
         srv_dl = served_from(q, np.asarray(b0), w_dl)
-        f_dl = fifo_serve(self.backlog_dl[s], start, be_dl, srv_dl, limit=be_dl + head_dl)
+        f_dl = self._fifo(self.backlog_dl[s], start, be_dl, srv_dl, q, be_dl + head_dl)
         self.backlog_dl[s] = f_dl.backlog
         demand = nondef + spill + f_dl.per_cell.sum(axis=1) / cd.budget_us
         kd, ku = cd.work_per_byte, cu.work_per_byte
