@@ -198,3 +198,62 @@ def test_disconnect_revokes_the_site_lease_and_newer_registration_wins():
         return True
 
     assert run(make_cfg(), body)
+
+
+def _certs(tmp_path):
+    """A throwaway CA, a server cert for 127.0.0.1/localhost and a client cert, made with openssl."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+
+    def ssl(*args):
+        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+        "-subj", "/CN=weaver-test-ca")
+    (tmp_path / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name in ("server", "client"):
+        ssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", f"/CN={name}")
+        ssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "1", "-extfile", "san.cnf")
+    return {n: (tmp_path / n).read_bytes() for n in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")}
+
+
+def test_mtls_requires_a_client_certificate(tmp_path):
+    c = _certs(tmp_path)
+    cfg = XappConfig.from_controls({
+        "period_ms": 100, "policy": {"name": "weaver"}, "sites": [{"site_id": "s1", "nodes": ["n1"]}],
+        "broker": {"listen": "127.0.0.1:0", "tls_cert": str(tmp_path / "server.pem"),
+                   "tls_key": str(tmp_path / "server.key"), "tls_client_ca": str(tmp_path / "ca.pem")}})
+
+    async def body():
+        book = AgentBook(epoch=1, period_ms=100, valid_periods=3, heartbeat_ms=100, timeout_heartbeats=3)
+        broker = LeaseBroker(cfg, book)
+        port = await broker.start()
+        out = {}
+        try:
+            for who, creds in (("mtls", grpc.ssl_channel_credentials(c["ca.pem"], c["client.key"], c["client.pem"])),
+                               ("no-client-cert", grpc.ssl_channel_credentials(c["ca.pem"]))):
+                async with grpc.aio.secure_channel(f"127.0.0.1:{port}", creds) as ch:
+                    call = ch.stream_stream(METHOD, request_serializer=lambda b: b,
+                                            response_deserializer=lease_pb2.BrokerMessage.FromString)
+
+                    async def reqs():
+                        yield register().SerializeToString()
+                        await asyncio.sleep(5)
+                    stream = call(reqs())
+                    try:
+                        out[who] = (await asyncio.wait_for(stream.read(), 5)).welcome.site_id
+                    except grpc.aio.AioRpcError as err:
+                        out[who] = err.code()
+                    stream.cancel()
+        finally:
+            await broker.stop(0.1)
+        return out
+
+    out = asyncio.run(body())
+    assert out["mtls"] == "s1"
+    assert out["no-client-cert"] == grpc.StatusCode.UNAVAILABLE

@@ -48,6 +48,10 @@ async def _restart(tmp, redis, python):
             _, doc = await x.get("/api/v1/sites/site-0")
             return doc["acked_envelope_sms"] is not None and doc
         before = await until(acked_site, 10, "an acknowledged envelope")
+        assert before["nodes"][tb.meids[0]]["mode"] == "envelope"
+        # the node obeys: the RAN model's compute-aware MAC now runs inside the acknowledged envelope
+        await until(lambda: float(tb.sim.model.envelope[0]) == before["acked_envelope_sms"]
+                    or float(tb.sim.model.envelope[0]) < 132, 5, "the node to apply the envelope")
         subs_before = await _subs(tb)
         assert len(subs_before) == 2
 
