@@ -11,6 +11,9 @@ in a U slot is admitted only as far as its decode spill (1250 us over the next 3
 next to n; DL best-effort work then fills what is left under E in D/S slots. Deferred work waits in a
 site-wide FIFO and is served in later slots, within the cells' PRB headroom, so every byte is served
 eventually and per-slot demand stays <= E in every slot where n_t <= E.
+Design choice: E is hard (a slot over it is a PHY deadline at risk) and the best-effort delay budget is
+soft: the stage never breaks E to meet the budget; it reports the delay it added (`added_delay_max_ms`,
+and the compute-stage delay histogram) and the xApp raises E when that delay nears the budget.
 """
 from __future__ import annotations
 
