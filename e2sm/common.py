@@ -112,6 +112,12 @@ class GnbUeId:
 
 
 UeId = GnbDuUeId | GnbUeId
+UE_ID_TYPES = (GnbDuUeId, GnbUeId)
+
+
+def check_ue_id(name: str, value: Any) -> None:
+    if not isinstance(value, UE_ID_TYPES):
+        raise ValueError(f"{name} must be a GnbDuUeId or GnbUeId, got {value!r}")
 
 
 def ue_id_from_asn1(value: tuple[str, Any]) -> UeId:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from e2sm import _asn1
-from e2sm.common import NrCgi, UeId, ue_id_from_asn1
+from e2sm.common import NrCgi, UeId, check_ue_id, ue_id_from_asn1
 from e2sm.errors import E2DecodeError, E2EncodeError
 
 KPM_OID_V2 = "1.3.6.1.4.1.53148.1.2.2.2"
@@ -66,6 +66,11 @@ def _is_printable(text: str) -> bool:
     return all(c in _PRINTABLE for c in text)
 
 
+def _check_type(name: str, value: Any, types: type | tuple[type, ...]) -> None:
+    if not isinstance(value, types):
+        raise ValueError(f"{name} must be {getattr(types, '__name__', types)}, got {value!r}")
+
+
 def _tuple(name: str, value: Any, lo: int = 1) -> tuple:
     if not isinstance(value, tuple) or len(value) < lo:
         raise ValueError(f"{name} must be a tuple of at least {lo} items, got {value!r}")
@@ -100,6 +105,13 @@ class Snssai:
         return cls(v["sST"][0], int.from_bytes(sd, "big") if sd is not None else None)
 
 
+# MeasurementLabel components besides noLabel and sliceID (asn1tools would silently drop unknown keys).
+LABEL_COMPONENTS = (
+    "plmnID", "fiveQI", "qFI", "qCI", "qCImax", "qCImin", "aRPmax", "aRPmin", "bitrateRange", "layerMU-MIMO", "sUM",
+    "distBinX", "distBinY", "distBinZ", "preLabelOverride", "startEndInd", "min", "max", "avg",
+)
+
+
 @dataclass(frozen=True)
 class MeasLabel:
     """A measurement label. `MeasLabel()` is noLabel; `snssai` is the per-slice label.
@@ -115,9 +127,9 @@ class MeasLabel:
         if self.snssai is not None and not isinstance(self.snssai, Snssai):
             raise ValueError(f"snssai must be a Snssai, got {self.snssai!r}")
         if not isinstance(self.other, tuple) or any(
-            not isinstance(p, tuple) or len(p) != 2 or p[0] in ("noLabel", "sliceID") for p in self.other
+            not isinstance(p, tuple) or len(p) != 2 or p[0] not in LABEL_COMPONENTS for p in self.other
         ):
-            raise ValueError(f"other must be (name, value) pairs other than noLabel/sliceID, got {self.other!r}")
+            raise ValueError(f"other must be (name, value) pairs with names from {LABEL_COMPONENTS}, got {self.other!r}")
 
     @property
     def is_no_label(self) -> bool:
@@ -189,6 +201,11 @@ class TestCond:
     def __post_init__(self) -> None:
         if not isinstance(self.test_type, str):
             raise ValueError("test_type must be a string")
+        if self.expr is not None and not isinstance(self.expr, str):
+            raise ValueError(f"expr must be a string or None, got {self.expr!r}")
+        if self.value is not None and (not isinstance(self.value, tuple) or len(self.value) != 2
+                                       or not isinstance(self.value[0], str)):
+            raise ValueError(f"value must be (alternative, value) or None, got {self.value!r}")
 
     def to_asn1(self) -> dict:
         v: dict[str, Any] = {"testType": (self.test_type, "true")}
@@ -262,7 +279,8 @@ class MeasCondUe:
         _check_meas_type(self.name)
         _check_conds(self.conds)
         if self.ue_ids is not None:
-            _tuple("ue_ids", self.ue_ids)
+            for u in _tuple("ue_ids", self.ue_ids):
+                check_ue_id("ue_ids", u)
 
     def to_asn1(self) -> dict:
         v: dict[str, Any] = {
@@ -298,6 +316,7 @@ class KpmEventTrigger:
 
 
 def encode_event_trigger(obj: KpmEventTrigger, version: KpmVersion) -> bytes:
+    _expect(obj, KpmEventTrigger, version, "E2SM-KPM-EventTriggerDefinition")
     value = {"eventDefinition-formats": ("eventDefinition-Format1", {"reportingPeriod": obj.period_ms})}
     return _asn1.encode(version.module, "E2SM-KPM-EventTriggerDefinition", value)
 
@@ -353,6 +372,10 @@ class ActionDefFormat2:
     ue_id: UeId
     subscription: ActionDefFormat1
 
+    def __post_init__(self) -> None:
+        check_ue_id("ue_id", self.ue_id)
+        _check_type("subscription", self.subscription, ActionDefFormat1)
+
     def to_asn1(self) -> dict:
         return {"ueID": self.ue_id.to_asn1(), "subscriptInfo": self.subscription.to_asn1()}
 
@@ -402,6 +425,7 @@ class ActionDefFormat4:
         for c in _tuple("ue_conds", self.ue_conds):
             if not isinstance(c, TestCond):
                 raise ValueError(f"ue_conds must hold TestCond, got {c!r}")
+        _check_type("subscription", self.subscription, ActionDefFormat1)
 
     def to_asn1(self) -> dict:
         return {
@@ -425,7 +449,9 @@ class ActionDefFormat5:
     subscription: ActionDefFormat1
 
     def __post_init__(self) -> None:
-        _tuple("ue_ids", self.ue_ids, lo=2)
+        for u in _tuple("ue_ids", self.ue_ids, lo=2):
+            check_ue_id("ue_ids", u)
+        _check_type("subscription", self.subscription, ActionDefFormat1)
 
     def to_asn1(self) -> dict:
         return {
@@ -466,6 +492,7 @@ class KpmActionDefinition:
 
 
 def encode_action_definition(obj: KpmActionDefinition, version: KpmVersion) -> bytes:
+    _expect(obj, KpmActionDefinition, version, "E2SM-KPM-ActionDefinition")
     value = {
         "ric-Style-Type": obj.style,
         "actionDefinition-formats": (_ACTION_FORMATS[type(obj.format)], obj.format.to_asn1()),
@@ -539,6 +566,7 @@ def plausible_timestamp(value: int, version: KpmVersion) -> bool:
 
 
 def encode_indication_header(obj: KpmIndicationHeader, version: KpmVersion) -> bytes:
+    _expect(obj, KpmIndicationHeader, version, "E2SM-KPM-IndicationHeader")
     n = version.timestamp_octets
     if not plausible_timestamp(obj.collect_start_time, version):
         raise E2EncodeError(
@@ -765,6 +793,10 @@ class UeMeasReport:
     ue_id: UeId
     report: IndicationMessageFormat1
 
+    def __post_init__(self) -> None:
+        check_ue_id("ue_id", self.ue_id)
+        _check_type("report", self.report, IndicationMessageFormat1)
+
 
 @dataclass(frozen=True)
 class IndicationMessageFormat3:
@@ -800,6 +832,7 @@ _MESSAGE_FORMAT_BY_NAME = {name: cls for cls, name in _MESSAGE_FORMATS.items()}
 
 
 def encode_indication_message(obj: KpmIndicationMessage, version: KpmVersion) -> bytes:
+    _expect(obj, tuple(_MESSAGE_FORMATS), version, "E2SM-KPM-IndicationMessage")
     name = _MESSAGE_FORMATS.get(type(obj))
     if name is None:
         raise E2EncodeError(f"not a KPM indication message: {obj!r}", "E2SM-KPM-IndicationMessage")
@@ -871,7 +904,10 @@ class KpmReportStyle:
 
     def __post_init__(self) -> None:
         _check_printable("ric-ReportStyle-Name", self.name, 1, 150)
-        _tuple("meas", self.meas)
+        for m in _tuple("meas", self.meas):
+            _check_type("meas", m, ReportableMeas)
+        for f in ("style", "action_format", "header_format", "message_format"):
+            _check_int(f, getattr(self, f), -(1 << 31), (1 << 31) - 1)
 
     @property
     def meas_names(self) -> tuple[str, ...]:
@@ -886,6 +922,8 @@ class KpmEventTriggerStyle:
 
     def __post_init__(self) -> None:
         _check_printable("ric-EventTriggerStyle-Name", self.name, 1, 150)
+        _check_int("style", self.style, -(1 << 31), (1 << 31) - 1)
+        _check_int("format", self.format, -(1 << 31), (1 << 31) - 1)
 
 
 @dataclass(frozen=True)
@@ -903,16 +941,19 @@ class KpmRanFunctionDescription:
         _check_printable("ranFunction-ShortName", self.short_name, 1, 150)
         _check_printable("ranFunction-E2SM-OID", self.oid, 1, 1000)
         _check_printable("ranFunction-Description", self.description, 1, 150)
-        if self.event_trigger_styles is not None:
-            _tuple("event_trigger_styles", self.event_trigger_styles, lo=0)
-        if self.report_styles is not None:
-            _tuple("report_styles", self.report_styles, lo=0)
+        if self.instance is not None:
+            _check_int("ranFunction-Instance", self.instance, -(1 << 31), (1 << 31) - 1)
+        for s in _tuple("event_trigger_styles", self.event_trigger_styles or (), lo=0):
+            _check_type("event_trigger_styles", s, KpmEventTriggerStyle)
+        for s in _tuple("report_styles", self.report_styles or (), lo=0):
+            _check_type("report_styles", s, KpmReportStyle)
 
     def report_style(self, style: int) -> KpmReportStyle | None:
         return next((s for s in self.report_styles or () if s.style == style), None)
 
 
 def encode_ran_function_description(obj: KpmRanFunctionDescription, version: KpmVersion) -> bytes:
+    _expect(obj, KpmRanFunctionDescription, version, "E2SM-KPM-RANfunction-Description")
     name: dict[str, Any] = {
         "ranFunction-ShortName": obj.short_name,
         "ranFunction-E2SM-OID": obj.oid,
@@ -984,6 +1025,13 @@ def decode_ran_function_description(data: bytes, version: KpmVersion) -> KpmRanF
         )
 
     return _typed(build, "E2SM-KPM-RANfunction-Description")
+
+
+def _expect(obj: Any, cls: type | tuple[type, ...], version: Any, where: str) -> None:
+    if not isinstance(obj, cls):
+        raise E2EncodeError(f"cannot encode {type(obj).__name__} here", where)
+    if not isinstance(version, KpmVersion):
+        raise E2EncodeError(f"version must be a KpmVersion, got {version!r}", where)
 
 
 def _typed(build: Any, where: str) -> Any:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from e2sm import _asn1
-from e2sm.common import GnbDuUeId, UeId, plmn_from_bcd, plmn_to_bcd, ue_id_from_asn1
+from e2sm.common import GnbDuUeId, UeId, check_ue_id, plmn_from_bcd, plmn_to_bcd, ue_id_from_asn1
 from e2sm.errors import E2DecodeError, E2EncodeError
 
 RC_MODULE = "rc-v1.03"
@@ -198,6 +198,11 @@ def _param_from_asn1(v: dict, depth: int) -> RanParam:
     raise E2DecodeError("unknown RANParameter-ValueType extension alternative")
 
 
+def _expect(obj: Any, cls: type, where: str) -> None:
+    if not isinstance(obj, cls):
+        raise E2EncodeError(f"cannot encode {type(obj).__name__} as {cls.__name__}", where)
+
+
 def _typed(build: Any, where: str) -> Any:
     try:
         return build()
@@ -226,11 +231,13 @@ class RcControlHeader:
     def __post_init__(self) -> None:
         _check_int("ric-Style-Type", self.style, -(1 << 31), (1 << 31) - 1)
         _check_int("ric-ControlAction-ID", self.action_id, 1, 65535)
+        check_ue_id("ue_id", self.ue_id)
         if self.decision not in (None, "accept", "reject"):
             raise ValueError(f"decision must be accept, reject or None, got {self.decision!r}")
 
 
 def encode_control_header(h: RcControlHeader) -> bytes:
+    _expect(h, RcControlHeader, "E2SM-RC-ControlHeader")
     body: dict[str, Any] = {"ueID": h.ue_id.to_asn1(), "ric-Style-Type": h.style, "ric-ControlAction-ID": h.action_id}
     if h.decision is not None:
         body["ric-ControlDecision"] = h.decision
@@ -265,6 +272,7 @@ class RcControlMessage:
 
 
 def encode_control_message(msg: RcControlMessage) -> bytes:
+    _expect(msg, RcControlMessage, "E2SM-RC-ControlMessage")
     body = {"ranP-List": [_param_to_asn1(p) for p in msg.params]}
     return _asn1.encode(RC_MODULE, "E2SM-RC-ControlMessage", {"ric-controlMessage-formats": ("controlMessage-Format1", body)})
 
@@ -296,6 +304,7 @@ class RcControlOutcome:
 
 
 def encode_control_outcome(o: RcControlOutcome) -> bytes:
+    _expect(o, RcControlOutcome, "E2SM-RC-ControlOutcome")
     body = {"ranP-List": [{"ranParameter-ID": i, "ranParameter-value": _value_to_asn1(x)} for i, x in o.params]}
     return _asn1.encode(RC_MODULE, "E2SM-RC-ControlOutcome", {"ric-controlOutcome-formats": ("controlOutcome-Format1", body)})
 
@@ -328,8 +337,11 @@ class RanParamDef:
     def __post_init__(self) -> None:
         _check_int("ranParameter-ID", self.param_id, 1, U32)
         _check_name("ranParameter-name", self.name)
-        if self.children is not None and (not isinstance(self.children, tuple) or not self.children):
-            raise ValueError("children must be None or a non-empty tuple")
+        if self.children is not None and (
+            not isinstance(self.children, tuple) or not self.children
+            or not all(isinstance(c, RanParamDef) for c in self.children)
+        ):
+            raise ValueError("children must be None or a non-empty tuple of RanParamDef")
         if self.is_list and self.children is None:
             raise ValueError("a LIST definition needs children")
 
@@ -378,8 +390,8 @@ class RcControlAction:
     def __post_init__(self) -> None:
         _check_int("ric-ControlAction-ID", self.action_id, 1, 65535)
         _check_name("ric-ControlAction-Name", self.name)
-        if not isinstance(self.params, tuple):
-            raise ValueError("params must be a tuple")
+        if not isinstance(self.params, tuple) or not all(isinstance(p, RanParamDef) for p in self.params):
+            raise ValueError(f"params must be a tuple of RanParamDef, got {self.params!r}")
 
     def params_by_name(self) -> dict[str, int]:
         """Every advertised parameter, nested ones included, as normalised name -> ID."""
@@ -403,8 +415,14 @@ class RcControlStyle:
 
     def __post_init__(self) -> None:
         _check_name("ric-ControlStyle-Name", self.name)
-        if not isinstance(self.actions, tuple) or not isinstance(self.outcome_params, tuple):
-            raise ValueError("actions and outcome_params must be tuples")
+        for f in ("style", "header_format", "message_format", "outcome_format"):
+            _check_int(f, getattr(self, f), -(1 << 31), (1 << 31) - 1)
+        if self.call_process_id_format is not None:
+            _check_int("call_process_id_format", self.call_process_id_format, -(1 << 31), (1 << 31) - 1)
+        if not isinstance(self.actions, tuple) or not all(isinstance(a, RcControlAction) for a in self.actions):
+            raise ValueError(f"actions must be a tuple of RcControlAction, got {self.actions!r}")
+        if not isinstance(self.outcome_params, tuple) or not all(isinstance(p, RanParamDef) for p in self.outcome_params):
+            raise ValueError(f"outcome_params must be a tuple of RanParamDef, got {self.outcome_params!r}")
 
 
 @dataclass(frozen=True)
@@ -425,8 +443,14 @@ class RcRanFunctionDefinition:
         _check_name("ranFunction-Description", self.description)
         if not isinstance(self.oid, str) or not 1 <= len(self.oid) <= 1000:
             raise ValueError(f"bad OID {self.oid!r}")
-        if not isinstance(self.control_styles, tuple):
-            raise ValueError("control_styles must be a tuple")
+        if not isinstance(self.control_styles, tuple) or not all(isinstance(c, RcControlStyle) for c in self.control_styles):
+            raise ValueError(f"control_styles must be a tuple of RcControlStyle, got {self.control_styles!r}")
+        if self.instance is not None:
+            _check_int("ranFunction-Instance", self.instance, -(1 << 31), (1 << 31) - 1)
+        if not isinstance(self.other_sections, tuple) or not all(
+            isinstance(x, tuple) and len(x) == 2 for x in self.other_sections
+        ):
+            raise ValueError("other_sections must be (section name, asn1tools value) pairs")
         for name, _ in self.other_sections:
             if name not in _OTHER_SECTIONS:
                 raise ValueError(f"other_sections: {name!r} is not one of {_OTHER_SECTIONS}")
@@ -447,6 +471,7 @@ _OTHER_SECTIONS = (
 
 
 def encode_ran_function_definition(d: RcRanFunctionDefinition) -> bytes:
+    _expect(d, RcRanFunctionDefinition, "E2SM-RC-RANFunctionDefinition")
     name: dict[str, Any] = {
         "ranFunction-ShortName": d.short_name,
         "ranFunction-E2SM-OID": d.oid,

@@ -235,3 +235,35 @@ def test_encode_json_refuses_each_leaf_of_a_vector_replaced_by_garbage(vectors_d
         for leaf in _leaf_paths(v["decoded"]):
             for g in garbage:
                 assert_bytes_or_encode_error(v["kind"], _replace(v["decoded"], leaf, g))
+
+
+def test_typed_encoders_refuse_wrong_objects():
+    # A value of the wrong type is refused when built (ValueError) or when encoded (E2EncodeError);
+    # no AttributeError from deep inside, and nothing is silently dropped.
+    f1 = kpm.ActionDefFormat1((kpm.MeasInfo("a"),), 100)
+    builds = [
+        lambda: kpm.ActionDefFormat2("ue", f1),
+        lambda: kpm.ActionDefFormat4((kpm.TestCond("gBR"),), None),
+        lambda: kpm.ActionDefFormat5((1, 2), f1),
+        lambda: kpm.UeMeasReport("ue", kpm.IndicationMessageFormat1(((1,),))),
+        lambda: kpm.MeasLabel(other=(("bogus", 1),)),
+        lambda: kpm.KpmRanFunctionDescription(report_styles=("x",)),
+        lambda: rc.RcControlHeader(2, 6, "ue"),
+        lambda: rc.RcControlStyle(2, "n", ("a",)),
+        lambda: rc.RcRanFunctionDefinition(control_styles=("x",)),
+    ]
+    for build in builds:
+        with pytest.raises(ValueError):
+            build()
+    encodes = [
+        lambda: kpm.encode_event_trigger("x", V3),
+        lambda: kpm.encode_indication_header(kpm.KpmIndicationHeader(0), "kpm-v3.00"),
+        lambda: kpm.encode_indication_message("x", V3),
+        lambda: kpm.encode_action_definition(kpm.KpmActionDefinition(4, kpm.ActionDefFormat4((kpm.TestCond("nope"),), f1)), V3),
+        lambda: rc.encode_control_message("x"),
+        lambda: rc.encode_control_outcome(rc.RcControlMessage(())),
+        lambda: rc.encode_ran_function_definition(rc.RcRanFunctionDefinition(other_sections=(("ranFunctionDefinition-Report", 5),))),
+    ]
+    for encode in encodes:
+        with pytest.raises(e2sm.E2EncodeError):
+            encode()
