@@ -175,7 +175,9 @@ class SiteAgent:
                     self._leased_iteration()
                 else:
                     self._fallback_iteration()
-                self._publish(self.enforcer.close_windows(self.clock()))
+                with self._lock:
+                    closed = self.enforcer.close_windows(self.clock())
+                self._publish(closed)
                 if self.clock() >= next_mode_eval:
                     next_mode_eval = self.clock() + MODE_EVERY_S
                     self._evaluate_mode()

@@ -158,3 +158,12 @@ def test_tiny_preset_matches_the_golden_loss_curve(corpus):
     torch.set_num_threads(1)
     got = [r.loss for r in Trainer(TINY, corpus).train_steps(len(golden), 16)]
     assert got == pytest.approx(golden, rel=2e-3)
+
+
+def test_example_config_file_loads_and_round_trips():
+    from pathlib import Path
+
+    from agent.config import AgentConfig, load_config
+    cfg = load_config(Path(__file__).resolve().parents[2] / "agent" / "agent.example.json")
+    assert cfg.lease.site_id == "site-0" and cfg.train.model.n_embd == 64
+    assert AgentConfig.from_dict(cfg.to_dict()) == cfg
