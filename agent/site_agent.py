@@ -92,6 +92,7 @@ class SiteAgent:
         self._eval_sum = 0.0
         self._next_eval_step = config.train.eval_every
         self._next_ckpt_step = config.train.checkpoint_every
+        self._checkpoint_due = False
         self.cross_site: lease_pb2.CrossSiteConfig | None = None
 
     # --- public API (used by the inspection server and tests) ---------------------------------
@@ -228,8 +229,12 @@ class SiteAgent:
         self.trainer.micro_batch(min(16, self.config.train.max_micro_batch))
         if self.trainer.pending_samples >= self.config.train.step_samples:
             self._optimizer_step()
+        if self._checkpoint_due:
+            self._checkpoint()
 
     def _wait(self, d: Idle) -> None:
+        if self._checkpoint_due:
+            self._checkpoint()
         timeout = IDLE_TICK_S if d.until is None else min(IDLE_TICK_S, max(0.0, d.until - self.clock()))
         self._handle(self.client.poll(timeout))
 
@@ -244,8 +249,10 @@ class SiteAgent:
             self._next_eval_step = self.trainer.step + c.eval_every
             self._evaluating, self._eval_sum = c.eval_samples, 0.0
         if c.checkpoint_every and self.trainer.step >= self._next_ckpt_step:
+            # Written at the next idle moment, not here: a checkpoint is host I/O (tens of ms with the
+            # fsync) and must not be counted into, or overrun, a lease window.
             self._next_ckpt_step = self.trainer.step + c.checkpoint_every
-            self._checkpoint()
+            self._checkpoint_due = True
 
     def _eval_chunk(self, n: int) -> float:
         cpu0 = time.process_time()
@@ -272,6 +279,7 @@ class SiteAgent:
                 self._threads = n
 
     def _checkpoint(self) -> CheckpointInfo:
+        self._checkpoint_due = False
         with self._lock:
             state = self.trainer.state_dict()
         state["agent"] = {"site_id": self.config.lease.site_id, "agent_config": self.config.to_dict()}

@@ -177,3 +177,15 @@ def test_mode_switches_are_reported_with_their_reason(broker, tmp_path, monkeypa
         assert agent.modes.mode == "gpu_preferred"
         broker.stop_renewing()
     assert [s.to_mode for s in agent.modes.switches] == ["cpu_preferred", "gpu_preferred"]
+
+
+def test_periodic_checkpoints_are_written_outside_lease_windows(broker, tmp_path):
+    run = Running(broker.port, tmp_path)
+    run.agent.config = replace(run.agent.config, train=replace(run.agent.config.train, checkpoint_every=5))
+    run.agent._next_ckpt_step = 5
+    with run as agent:
+        assert wait(lambda: agent.client.connected)
+        broker.renew_every_period(sm_count=1, period_ms=50, valid_for_ms=150, duty=0.5)
+        assert wait(lambda: len(agent.store.list()) >= 2, timeout=30)
+        broker.stop_renewing()
+    assert [c.step % 5 for c in agent.store.list()[:-1]] == [0] * (len(agent.store.list()) - 1)
