@@ -259,7 +259,8 @@ class CrossSiteTier:
         if red.leader and self.on_transfer_plan is not None:
             self.on_transfer_plan(TransferPlan(
                 site_id=c.site_id, round=k, bytes=self.wire_bytes,
-                window_start_unix_ms=int(deadline * 1000), deadline_unix_ms=int(c.boundary(k + 1) * 1000),
+                window_start_unix_ms=round(deadline * 1000),
+                deadline_unix_ms=c.round_epoch_ms + (k + 1) * c.round_ms,   # exact: integer ms
                 workers=red.world_size))
 
         # A round already broken (a peer died during the quorum) is not worth training for.
