@@ -78,7 +78,12 @@ class RoundStats:
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor) -> RoundStats:
+        """From the reduced statistics; ValueError when they cannot be sums of honest LocalWork."""
+        if t.shape != (N_STATS,):
+            raise ValueError(f"round statistics must have shape ({N_STATS},), got {tuple(t.shape)}")
         v = t.tolist()
+        if not all(math.isfinite(x) and x >= 0 for x in v):
+            raise ValueError(f"round statistics must be finite and non-negative, got {v}")
         return cls(tokens=int(round(v[STAT_TOKENS])), token_steps=v[STAT_TOKEN_STEPS], steps=v[STAT_STEPS],
                    steps2=v[STAT_STEPS2], contributors=int(round(v[STAT_CONTRIBUTORS])),
                    sites=int(round(v[STAT_SITES])))

@@ -159,7 +159,7 @@ class RoundRecord:
 
 
 def checksum(flat: torch.Tensor) -> str:
-    return hashlib.sha256(flat.detach().contiguous().numpy().tobytes()).hexdigest()[:16]
+    return hashlib.sha256(flat.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
 class CrossSiteTier:
@@ -274,7 +274,10 @@ class CrossSiteTier:
         red.broadcast(stats_t)
         t_s = self.clock()
         errored = red.leader and self.manager.errored() is not None
-        stats = RoundStats.from_tensor(stats_t) if torch.isfinite(stats_t).all() else RoundStats(0, 0, 0, 0, 0, 0)
+        try:
+            stats = RoundStats.from_tensor(stats_t)
+        except ValueError:   # a corrupted reduction (a peer died mid-collective): the round cannot commit
+            stats, errored = RoundStats(0, 0, 0, 0, 0, 0), True
         fednova = use_fednova(stats, c.policy)
 
         local_flat = flatten(self.params)

@@ -17,8 +17,10 @@ from agent.crosssite.rounds import (
     TokenLedger,
     combine,
     flatten,
+    outer_gradient,
     stats_tensor,
     unflatten_into,
+    use_fednova,
 )
 from agent.crosssite.tier import CrossSiteTier, TierConfig
 from schemas.proto.weaver.v1 import lease_pb2
@@ -198,3 +200,16 @@ def test_tier_state_dict_carries_global_weights_outer_state_and_ledger():
     assert t2._healed and t2.ledger.committed_total == 30
     torch.testing.assert_close(t2.global_flat, tier.global_flat)
     assert not torch.allclose(t2.global_flat, flatten(tier.params))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64), min_size=0, max_size=8))
+def test_reduced_statistics_fuzz(values):
+    """Invariant: any tensor gives RoundStats whose derived values are finite, or a ValueError."""
+    try:
+        stats = RoundStats.from_tensor(torch.tensor(values, dtype=torch.float64))
+    except ValueError:
+        return
+    assert math.isfinite(stats.steps_cv) and math.isfinite(stats.tau_eff) and stats.tokens >= 0
+    g = outer_gradient(torch.ones(3), stats, use_fednova(stats, RoundPolicy()))
+    assert g is None or g.shape == (3,)
