@@ -8,8 +8,7 @@ bytes returns a value or raises `E2DecodeError`; encoders refuse bad values with
 from e2sm.errors import E2DecodeError, E2EncodeError
 from e2sm.jsonform import decode_json, encode_json, kinds
 from e2sm.kpm import KPM_OID_V2, KPM_OID_V3, KpmVersion, kpm_version_from_oid
-
-RC_OID = "1.3.6.1.4.1.53148.1.1.2.3"
+from e2sm.rc import RC_OID
 
 __all__ = [
     "E2DecodeError",
