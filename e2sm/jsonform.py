@@ -17,6 +17,11 @@
 extension alternatives, which it refuses with E2DecodeError). `from_json` reads JSON written by a
 person and checks every node against the type, raising E2EncodeError with the JSON path.
 
+The JSON codec says what the bytes hold under the named module (constraints checked, all input
+consumed); the semantic checks - TimeStamp plausibility, a v3.00 header that also parses as v2.03 -
+belong to the typed API (`e2sm.kpm`), which the xApp uses. A header that fails to decode here still
+gets a "probable KPM version mismatch" hint.
+
 `decode_json(kind, data)` / `encode_json(kind, value)` are the generic codec for kinds
 `kpm-v2.03:<Type>`, `kpm-v3.00:<Type>`, `rc-v1.03:<Type>` and `e2ap:E2AP-PDU` (delegated to
 `e2sm.e2ap`).
