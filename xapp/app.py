@@ -49,7 +49,7 @@ from xapp.loop import (
     set_node,
     step,
 )
-from xapp.rmr import RmrError, RmrMessage, open_backend
+from xapp.rmr import NativeUnavailable, RmrError, RmrMessage, open_backend
 from xapp.rnib import E2Node, read_rnib, static_nodes
 from xapp.state import LeaseRecord, SiteRecord, SubscriptionRecord, XappStore, open_store
 from xapp.submgr import ActionSpec, SubmgrClient, SubmgrError, SubscriptionSpec
@@ -171,8 +171,13 @@ class XappApp:
         for lease in snap.leases:                       # a previous epoch's lease is never renewed
             if not lease.ended and lease.epoch < self.epoch:
                 self.store.put_lease(replace(lease, ended="epoch-ended"))
-        self.rmr = await open_backend(cfg.rmr.backend, cfg.rmr.port if rmr_port is None else rmr_port,
-                                      cfg.rmr.route_table)
+        port = cfg.rmr.port if rmr_port is None else rmr_port
+        try:
+            self.rmr = await open_backend(cfg.rmr.backend, port, cfg.rmr.route_table)
+        except NativeUnavailable as exc:
+            # "native when configured and available": the pure-Python endpoint speaks the same wire
+            log.warning("RMR native backend unavailable (%s); using the python backend", exc)
+            self.rmr = await open_backend("python", port, cfg.rmr.route_table)
         log.info("RMR (%s backend) on port %d", cfg.rmr.backend, self.rmr.port)
         self.rest_runner, self.rest_port = await start_rest(self, cfg.rest.port if rest_port is None else rest_port)
         log.info("REST on port %d", self.rest_port)

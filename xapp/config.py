@@ -54,6 +54,7 @@ class EstimateConfig:
 class ActuationConfig:
     mode: str = "auto"                # auto | quota | envelope | none
     hysteresis_sms: int = 8           # envelope changes smaller than this are not sent
+    caps_hysteresis_pct: int = 5      # quota loosening smaller than this (percentage points) waits
     control_timeout_ms: int = 500
     be_delay_budget_ms: int = 20
     rc_ids_fallback: str = "srsran"

@@ -400,6 +400,17 @@ def _node_quotas(rt: SiteRuntime, caps: tuple[CellCap, ...], min_ratio: int) -> 
     return out
 
 
+def _caps_unchanged(sent: tuple[SliceQuota, ...] | None, new: tuple[SliceQuota, ...], hysteresis: int) -> bool:
+    """Tightening goes out at once (the envelope counts on it); loosening by less than `hysteresis`
+    percentage points waits (it only delays best-effort traffic a little), so the RAN is not flooded."""
+    if sent is None or [(q.sst, q.sd) for q in sent] != [(q.sst, q.sd) for q in new]:
+        return False
+    if sent == new:
+        return True
+    return all(n.max_ratio >= o.max_ratio and n.max_ratio - o.max_ratio < hysteresis and n.min_ratio == o.min_ratio
+               for o, n in zip(sent, new, strict=True))
+
+
 def _actuate(state: LoopState, rt: SiteRuntime, now: float, envelope: int | None,
              quotas: dict[str, tuple[SliceQuota, ...]], sized: int, actions: list) -> None:
     act = state.cfg.actuation
@@ -418,7 +429,7 @@ def _actuate(state: LoopState, rt: SiteRuntime, now: float, envelope: int | None
                               kind="envelope", envelope_sms=envelope)
         elif nc.mode == "quota" and nc.meid in quotas:
             q = quotas[nc.meid]
-            if rt.sent_caps_by_node.get(nc.meid) == q:
+            if _caps_unchanged(rt.sent_caps_by_node.get(nc.meid), q, act.caps_hysteresis_pct):
                 continue
             payload = quota_request(nc, cid, q, act.ue_id)
             ctl = SendControl(control_id=cid, site_id=rt.cfg.site_id, meid=nc.meid, payload=payload,

@@ -190,3 +190,25 @@ def test_grant_grows_only_after_the_smaller_envelope_is_acknowledged():
             assert of(a, GrantLease, "s1")[0].sm_count >= 128 - smaller.envelope_sms - 8
             return
     raise AssertionError(f"the envelope never stepped down: {seen}")
+
+
+def test_quota_caps_hysteresis_tightens_at_once_loosens_in_steps():
+    from e2sm.rc import SliceQuota
+    from xapp.loop import _caps_unchanged
+
+    q = lambda r: (SliceQuota(sst=1, sd=2, max_ratio=r),)   # noqa: E731
+    assert _caps_unchanged(q(50), q(50), 5)
+    assert _caps_unchanged(q(50), q(53), 5)           # small loosening waits
+    assert not _caps_unchanged(q(50), q(55), 5)       # big loosening goes
+    assert not _caps_unchanged(q(50), q(49), 5)       # any tightening goes at once
+    assert not _caps_unchanged(None, q(50), 5)
+
+
+def test_silent_agent_is_reported_lost():
+    from xapp.agents import AgentBook, Registration
+
+    book = AgentBook(epoch=1, period_ms=100, valid_periods=3, heartbeat_ms=100, timeout_heartbeats=3)
+    reg = Registration(site_id="s1", agent_id="a", kind="cpu", sm_count=8, granularity=1, capabilities=(), mode="cpu")
+    sid, _ = book.connect(reg, now=0.0)
+    book.seen("s1", sid, 0.25)
+    assert book.lost(0.5) == [] and book.lost(0.56) == ["s1"]
