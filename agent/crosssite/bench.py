@@ -50,6 +50,7 @@ class BenchConfig:
     outer_lr: float = RoundPolicy.outer_lr
     outer_momentum: float = RoundPolicy.outer_momentum
     model: dict = field(default_factory=lambda: dict(block_size=32, n_layer=2, n_head=4, n_embd=64))
+    traces_file: str = ""            # JSON {"slot_s": s, "budget": [[share per slot] per site]}; "" = generate
 
     @property
     def h(self) -> int:
@@ -78,6 +79,24 @@ class ModeResult:
                 "wall_s": self.wall_s}
 
 
+def load_traces(path: str, sites: int, duration_s: float) -> tuple[torch.Tensor, float]:
+    """Per-site budget shares from a file (e.g. exported from the testbed's RAN model)."""
+    with open(path) as f:
+        doc = json.load(f)
+    try:
+        slot_s = float(doc["slot_s"])
+        rows = torch.tensor(doc["budget"], dtype=torch.float64)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: expected {{'slot_s': float, 'budget': [[share, ...] per site]}} ({exc})") from None
+    if rows.dim() != 2 or rows.shape[0] != sites or not slot_s > 0:
+        raise ValueError(f"{path}: need {sites} equally long rows and slot_s > 0, got shape {tuple(rows.shape)}")
+    if not torch.isfinite(rows).all() or rows.min() < 0 or rows.max() > 1:
+        raise ValueError(f"{path}: budget shares must lie in [0, 1]")
+    if rows.shape[1] * slot_s < duration_s:
+        raise ValueError(f"{path}: covers {rows.shape[1] * slot_s:.1f}s, the bench needs {duration_s:.1f}s")
+    return rows, slot_s
+
+
 def loss_at_tokens(curve: list, tokens: float) -> float:
     """Validation loss at a token count, linearly interpolated on the (tokens, loss) curve."""
     for (_, x0, y0), (_, x1, y1) in zip(curve, curve[1:], strict=False):
@@ -94,9 +113,13 @@ class Bench:
         from agent.trainer import Trainer
 
         self.cfg = cfg
-        spec = TraceSpec(sites=cfg.sites, duration_s=cfg.duration_s, seed=cfg.seed)
-        self.traces = budget_traces(spec)
-        self.cap = Capacity(self.traces, spec.slot_s)
+        if cfg.traces_file:
+            self.traces, slot_s = load_traces(cfg.traces_file, cfg.sites, cfg.duration_s)
+        else:
+            spec = TraceSpec(sites=cfg.sites, duration_s=cfg.duration_s, seed=cfg.seed)
+            self.traces, slot_s = budget_traces(spec), spec.slot_s
+        self.slot_s = slot_s
+        self.cap = Capacity(self.traces, slot_s)
         self.capacity_s = sum(self.cap.work(i, 0, cfg.duration_s) for i in range(cfg.sites))
         corpus = CharCorpus.shakespeare()
         self._corpus = corpus
@@ -268,6 +291,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outer-lr", type=float, default=d.outer_lr)
     p.add_argument("--outer-momentum", type=float, default=d.outer_momentum)
     p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--traces", default="", help="read per-site budget traces from this JSON file instead")
+    p.add_argument("--dump-traces", default="", help="write the budget traces used to this JSON file")
     p.add_argument("--json", default=None, help="write the full result (with loss curves) here")
 
 
@@ -276,12 +301,19 @@ def run(args: argparse.Namespace) -> int:
     cfg = BenchConfig(sites=args.sites, duration_s=args.duration_s, round_s=args.round_s,
                       step_cost_s=args.step_cost_s, micro_batch=args.micro_batch, diloco_h=args.diloco_h,
                       wan_latency_s=args.wan_latency_s, wan_gbps=args.wan_gbps, seed=args.seed,
-                      outer_lr=args.outer_lr, outer_momentum=args.outer_momentum)
+                      outer_lr=args.outer_lr, outer_momentum=args.outer_momentum, traces_file=args.traces)
     modes = [m for m in args.modes.split(",") if m]
     if sorted(modes) != sorted(MODES):
         print(f"bench training compares all of {MODES}", file=sys.stderr)
         return 2
-    bench = Bench(cfg)
+    try:
+        bench = Bench(cfg)
+    except (OSError, ValueError) as exc:
+        print(f"bench training: {exc}", file=sys.stderr)
+        return 2
+    if args.dump_traces:
+        with open(args.dump_traces, "w") as f:
+            json.dump({"slot_s": bench.slot_s, "budget": bench.traces.tolist()}, f)
     results = {}
     for m in modes:
         results[m] = bench.run(m)

@@ -63,3 +63,18 @@ def test_bench_compares_the_three_modes_on_the_same_traces(tmp_path, capsys):
 
 def test_bench_refuses_a_partial_comparison(capsys):
     assert bench.main(["--modes", "weaver"]) == 2
+
+
+def test_bench_reads_traces_from_a_file_and_refuses_bad_ones(tmp_path, capsys):
+    good = tmp_path / "t.json"
+    assert bench.main(["--duration-s", "4", "--round-s", "1.0", "--dump-traces", str(good)]) == 0
+    doc = json.loads(good.read_text())
+    assert doc["slot_s"] == 0.05 and len(doc["budget"]) == 3
+    traces, slot = bench.load_traces(str(good), 3, 4.0)
+    assert torch.equal(traces, budget_traces(TraceSpec(duration_s=4.0)))
+    for bad in ({"slot_s": 0.05, "budget": [[0.5, 2.0]] * 3}, {"slot_s": 0.05}, {"slot_s": 0.05, "budget": [[0.5]] * 2},
+                {"slot_s": "x", "budget": []}, {"slot_s": 0.05, "budget": [[0.5] * 10] * 3}):
+        p = tmp_path / "bad.json"
+        p.write_text(json.dumps(bad))
+        assert bench.main(["--duration-s", "4", "--traces", str(p)]) == 2
+        assert "bench training:" in capsys.readouterr().err
