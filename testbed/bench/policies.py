@@ -3,6 +3,9 @@
 Measurement discipline (architecture.md):
 - Equal reliability: each arm's knob (static reservation, reactive margin, weaver guard) is tuned on a
   calibration trace (seed S) to the deadline-miss target, then measured on an evaluation trace (seed S+1).
+  Misses are split: slots where the RAN alone overran the whole GPU (`ran_overload_rate`, a miss with no
+  training at all, which only shaping can avoid) and the rest (`training_miss_rate`, caused by the
+  grant), which is what the knobs are tuned on; `deadline_miss_rate` is their sum.
   Training does not change RAN demand in the model, so for a given shaping run every knob value can be
   replayed offline from the recorded per-slot demand: one calibration and one evaluation simulation per
   shaping (none, envelope, quota), every knob value evaluated exactly.
@@ -184,7 +187,9 @@ class ArmResult:
     granted_sm_s: float
     used_sm_s: float
     deadline_misses: int
-    deadline_miss_rate: float
+    deadline_miss_rate: float  # slots with demand > GPU - grant (the definition), any cause
+    training_miss_rate: float  # of which the grant was the cause (demand <= GPU): what the knobs are tuned on
+    ran_overload_rate: float  # demand > GPU: a miss even with no training at all
     utilization: float
     used_over_granted: float
     spare_sm_s: float
@@ -197,6 +202,8 @@ def account(grants: np.ndarray, run: RunRecord, scenario: Scenario, step: StepCo
     gpu = np.array([s.gpu_sms for s in scenario.sites])
     gran = np.array([s.granularity for s in scenario.sites])
     misses = int((run.demand > (gpu[None, :] - grants)[:, None, :]).sum())
+    # Slots where the RAN alone overran the whole GPU miss whatever the grant: not attributable to training.
+    overload = int((run.demand > gpu[None, None, :]).sum())
     headroom = np.floor(np.maximum(gpu[None, :] - run.period_max, 0) / gran[None, :] + 1e-9) * gran[None, :]
     usable = used = 0.0
     for s in range(S):
@@ -228,15 +235,17 @@ def account(grants: np.ndarray, run: RunRecord, scenario: Scenario, step: StepCo
     spare = float((gpu[None, None, :] - run.demand).clip(0).sum() * 0.0005)
     n = P * T * S
     return ArmResult(usable_spare_sm_s=usable, granted_sm_s=granted, used_sm_s=used, deadline_misses=misses,
-                     deadline_miss_rate=misses / n, utilization=used / usable if usable else 0.0,
+                     deadline_miss_rate=misses / n, training_miss_rate=(misses - overload) / n,
+                     ran_overload_rate=overload / n, utilization=used / usable if usable else 0.0,
                      used_over_granted=used / granted if granted else 0.0, spare_sm_s=spare)
 
 
 def tune(make, knobs, run: RunRecord, scenario: Scenario, step: StepCostModel):
-    """The most aggressive knob (first in `knobs`) whose calibration miss rate meets the target."""
+    """The most aggressive knob (first in `knobs`) whose calibration training-attributable miss rate meets
+    the target (the last knob, the most conservative, if none does)."""
     for k in knobs:
         res = account(make(k), run, scenario, step)
-        if res.deadline_miss_rate <= TARGET:
+        if res.training_miss_rate <= TARGET:
             return k, res
     return knobs[-1], account(make(knobs[-1]), run, scenario, step)
 
@@ -271,7 +280,7 @@ def run_scenario(name: str, n_periods: int, seed: int, step: StepCostModel, prog
     # static: reservation from the calibration trace's per-slot demand
     cal = runs["calibration", None]
     reserve = StaticPolicy.reservation_for(cal.demand, sc.sites[0].granularity, TARGET)
-    static_knobs = [r for r in steps if r >= reserve]
+    static_knobs = [r for r in steps if r >= reserve] or [steps[-1]]
     k, cres = tune(lambda r: replay(StaticPolicy(r), cal, sc), static_knobs, cal, sc, step)
     arms["static"] = ({"reserve_sms": k}, cres, replay(StaticPolicy(k), runs["evaluation", None], sc), None)
     k, cres = tune(lambda m: replay(ReactivePolicy(m), cal, sc), steps, cal, sc, step)
@@ -292,7 +301,7 @@ def run_scenario(name: str, n_periods: int, seed: int, step: StepCostModel, prog
     for arm, (knob, cres, grants, mode) in arms.items():
         run = runs["evaluation", mode]
         res = account(grants, run, sc, step)
-        entry = {**asdict(res), "knob": knob, "calibration_miss_rate": cres.deadline_miss_rate,
+        entry = {**asdict(res), "knob": knob, "calibration_miss_rate": cres.training_miss_rate,
                  "rc_controls": run.controls if mode else 0}
         entry.update(delay_quantiles(run.delay_hist, mode == "envelope") if mode else base_delay)
         result["arms"][arm] = entry
@@ -377,7 +386,8 @@ def run(args) -> int:
         results[name] = run_scenario(name, n, args.seed, step, progress, over)
     wall = time.monotonic() - t0
     print(format_table(results))
-    print(f"seed {args.seed}; miss target {TARGET:g} of slots; wall {wall:.1f} s")
+    print(f"seed {args.seed}; miss target {TARGET:g} of slots (miss rate: caused by the grant; overload: the RAN "
+          f"alone over the GPU); wall {wall:.1f} s")
     if args.plots:
         from testbed.bench.policy_plots import write_plots
         for path in write_plots(results, args.plots):
@@ -414,8 +424,8 @@ def check_targets(name: str, r: dict, be_budget_ms: float) -> dict:
     add("protected_p99_delay_change_ms", w["protected_delay_p99_ms"] - base, 0.5,
         abs(w["protected_delay_p99_ms"] - base) <= 0.5)
     add("weaver_utilization", w["utilization"], 0.85, w["utilization"] >= 0.85)
-    worst = max(x["deadline_miss_rate"] for x in a.values())
-    add("every_arm_miss_rate", worst, TARGET, worst <= TARGET)
+    worst = max(x["training_miss_rate"] for x in a.values())
+    add("every_arm_training_miss_rate", worst, TARGET, worst <= TARGET)
     return t
 
 
@@ -436,13 +446,13 @@ def format_table(results: dict) -> str:
                      f"slot CV {ld['slot_cv']:.2f}, PRB util {100 * ld['mean_prb_util']:.0f}%; "
                      f"partition {r['partition']} ({r['reconfig_s']} s); {r['slots_per_arm']} site-slots per arm")
         lines.append(f"  {'arm':16} {'knob':>16} {'usable SM*s':>12} {'granted':>10} {'used':>10} {'util':>6} "
-                     f"{'miss rate':>10} {'cal miss':>9} {'BE p99 ms':>9} {'prot p99':>8} {'ctrls':>6}")
+                     f"{'miss rate':>10} {'cal miss':>9} {'BE p99 ms':>9} {'prot p99':>8} {'ctrls':>6} {'overload':>9}")
         for arm, a in r["arms"].items():
             knob = ",".join(f"{k.split('_')[0]}={v}" for k, v in a["knob"].items())
             lines.append(f"  {arm:16} {knob:>16} {a['usable_spare_sm_s']:12.1f} {a['granted_sm_s']:10.1f} "
-                         f"{a['used_sm_s']:10.1f} {100 * a['utilization']:5.1f}% {a['deadline_miss_rate']:10.2e} "
+                         f"{a['used_sm_s']:10.1f} {100 * a['utilization']:5.1f}% {a['training_miss_rate']:10.2e} "
                          f"{a['calibration_miss_rate']:9.1e} {a['best_effort_delay_p99_ms']:9.1f} "
-                         f"{a['protected_delay_p99_ms']:8.1f} {a['rc_controls']:6d}")
+                         f"{a['protected_delay_p99_ms']:8.1f} {a['rc_controls']:6d} {a['ran_overload_rate']:9.1e}")
         lines.append(f"  weaver/reactive {_x(r['weaver_vs_reactive_usable_ratio'])}  weaver/oracle "
                      f"{_x(r['weaver_vs_oracle_usable_ratio'])}  envelope/quota {_x(r['envelope_vs_quota_usable_ratio'])}  "
                      f"conservation (bytes, work) envelope "
