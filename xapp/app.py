@@ -142,6 +142,7 @@ class XappApp:
         self.watcher = ConfigWatcher(config_path) if config_path else None
         self._wake = asyncio.Event()
         self._drops: dict[tuple[str, str], int] = {}
+        self._pending_subs: dict[int, tuple] = {}
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self.epoch = 0
@@ -190,7 +191,7 @@ class XappApp:
         log.info("lease broker on port %d (epoch %d)", port, self.epoch)
         self.http = aiohttp.ClientSession()
         self.submgr = SubmgrClient(replace(cfg.submgr, http_port=self.rest_port or cfg.submgr.http_port,
-                                           rmr_port=self.rmr.port), self.http)
+                                           rmr_port=self.rmr.port), self.http, on_instance=self._early_instance)
         self._tasks = [asyncio.ensure_future(self._rx()), asyncio.ensure_future(self._run_loop()),
                        asyncio.ensure_future(self._subscribe_all(snap.subscriptions))]
         for t in self._tasks:  # a background task that dies must say so, not vanish with its exception
@@ -271,12 +272,18 @@ class XappApp:
                 return
         if old is not None:
             await self._delete_subscription(old)
+        self._pending_subs[xid] = (node.meid, spec.ran_function_id, version, keys)
         try:
             out = await self.submgr.subscribe(spec)
         except SubmgrError as exc:
+            self._pending_subs.pop(xid, None)
+            for sub_id, sub in list(self.ingest.subs.items()):     # an early route for a failed subscription
+                if sub.meid == node.meid:
+                    self.ingest.remove(sub_id)
             self.subscribe_errors[node.meid] = str(exc)
             log.warning("%s: subscription failed: %s", node.meid, exc)
             return
+        self._pending_subs.pop(xid, None)
         rec = SubscriptionRecord(subscription_id=out.subscription_id, meid=node.meid,
                                  ran_function_id=spec.ran_function_id, xapp_event_instance_id=xid,
                                  e2_event_instance_id=out.e2_event_instance_id, kpm_version=version.name,
@@ -285,6 +292,13 @@ class XappApp:
         log.info("%s: subscribed %s (sub_id %d, KPM %s)", node.meid, rec.subscription_id,
                  rec.e2_event_instance_id, version.name)
         self._activate(rec, version, keys)
+
+    def _early_instance(self, inst) -> None:
+        """A notification names the RMR sub_id before `subscribe` returns; route its KPM from now on."""
+        pending = self._pending_subs.get(inst.xapp_event_instance_id)
+        if pending is not None and inst.e2_event_instance_id not in self.ingest.subs:
+            meid, fn, version, keys = pending
+            self.ingest.add(KpmSubscription(inst.e2_event_instance_id, meid, fn, version, keys))
 
     def _activate(self, rec: SubscriptionRecord, version: KpmVersion, keys: tuple[str, ...]) -> None:
         self.subscriptions[rec.meid] = rec

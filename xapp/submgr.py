@@ -168,7 +168,11 @@ Sleep = Callable[[float], Awaitable[None]]
 class SubmgrClient:
     """Async SubMgr client. `base_url` is e.g. `http://service-ricplt-submgr-http.ricplt:8088/ric/v1`."""
 
-    def __init__(self, cfg: SubmgrConfig, session: aiohttp.ClientSession, sleep: Sleep = asyncio.sleep) -> None:
+    def __init__(self, cfg: SubmgrConfig, session: aiohttp.ClientSession, sleep: Sleep = asyncio.sleep,
+                 on_instance: Callable[[SubscriptionInstance], None] | None = None) -> None:
+        """`on_instance` sees every successful instance as soon as its notification arrives, before
+        `subscribe` returns: indications can start flowing that early, and the caller may route them."""
+        self.on_instance = on_instance
         self.cfg = cfg
         self.base = cfg.url.rstrip("/")
         self.session = session
@@ -179,6 +183,10 @@ class SubmgrClient:
     def on_notification(self, doc: Any) -> SubscriptionResponse:
         """Hand a notification body here (raises SubmgrError for a malformed one)."""
         resp = parse_subscription_response(doc)
+        if self.on_instance is not None:
+            for inst in resp.instances:
+                if inst.ok:
+                    self.on_instance(inst)
         fut = self._waiting.get(resp.subscription_id)
         if fut is not None and not fut.done():
             fut.set_result(resp)
