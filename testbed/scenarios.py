@@ -23,12 +23,18 @@ import numpy as np
 from .model import CellConfig, ModelConfigError, RanModel, Scenario, SiteConfig
 
 
+def _describe(name: str) -> str:
+    """The scenario's bullet of the module doc, as its description."""
+    bullet = __doc__.split(f"- `{name}`: ", 1)[1]
+    return " ".join(bullet.split("\n- ", 1)[0].split())
+
+
 def _gh200(name: str = "gh200-multicell", reconfig_s: float = 0.0, partition: str = "green-context") -> Scenario:
     archetypes = ("residential", "business", "transport")
     hours = (0.0, -9.0, -2.0)  # phase offsets so that, at 20 h local, the three sites sit at different points of their day
     sites = tuple(SiteConfig(site_id=i, archetype=a, cells=(CellConfig(load=0.2),) * 8, phase_h=h)
                   for i, (a, h) in enumerate(zip(archetypes, hours, strict=True)))
-    return Scenario(name=name, description=__doc__.split("- `")[1 if reconfig_s == 0 else 3].strip(),
+    return Scenario(name=name, description=_describe(name),
                     sites=sites, partition=partition, reconfig_s=reconfig_s, start_hour=20.0)
 
 
@@ -36,7 +42,7 @@ def _heavy() -> Scenario:
     sites = tuple(SiteConfig(site_id=i, archetype="mixed", gpu_sms=48, granularity=8,
                              cells=(CellConfig(load=0.66, mcs_mean=22),) * 4, phase_h=i * 0.5)
                   for i in range(3))
-    return Scenario(name="heavy-small-gpu", description=__doc__.split("- `")[2].strip(), sites=sites,
+    return Scenario(name="heavy-small-gpu", description=_describe("heavy-small-gpu"), sites=sites,
                     start_hour=20.0)
 
 
@@ -46,7 +52,7 @@ def _scale(n_sites: int = 128) -> Scenario:
     sites = tuple(SiteConfig(site_id=i, archetype=archetypes[i % 5], cells=(CellConfig(load=0.25),) * 4,
                              phase_h=float(rng.uniform(-1, 1)), scale=float(np.clip(rng.lognormal(0, 0.35), 0.4, 2.2)))
                   for i in range(n_sites))
-    return Scenario(name="scale", description=__doc__.split("- `")[4].strip(), sites=sites, period_slots=400,
+    return Scenario(name="scale", description=_describe("scale"), sites=sites, period_slots=400,
                     start_hour=20.0)
 
 
@@ -54,7 +60,7 @@ def _demo() -> Scenario:
     sites = tuple(SiteConfig(site_id=i, archetype=a, cells=(CellConfig(load=0.3),) * 4, phase_h=h)
                   for i, (a, h) in enumerate(zip(("residential", "business", "transport"), (0.0, -9.0, -2.0),
                                                  strict=True)))
-    return Scenario(name="demo", description=__doc__.split("- `")[5].strip(), sites=sites, start_hour=20.0)
+    return Scenario(name="demo", description=_describe("demo"), sites=sites, start_hour=20.0)
 
 
 SCENARIOS = {
