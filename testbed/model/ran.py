@@ -127,9 +127,9 @@ class RanModel:
         match = [i for i, sl in enumerate(sc.sites[site].slices) if sl.sst == sst and sl.sd == sd]
         if not match:
             raise ModelConfigError(f"site {site}: no slice sst={sst} sd={sd}")
-        if not (0 <= dedicated_ratio <= min_ratio <= max_ratio <= 100) and not (
-                0 <= min_ratio <= max_ratio <= 100 and 0 <= dedicated_ratio <= 100):
-            raise ModelConfigError(f"ratios must satisfy 0 <= min <= max <= 100, got {min_ratio}/{max_ratio}")
+        if not (0 <= min_ratio <= max_ratio <= 100 and 0 <= dedicated_ratio <= 100):  # NaN fails too
+            raise ModelConfigError(f"ratios must satisfy 0 <= min <= max <= 100 and 0 <= dedicated <= 100, "
+                                   f"got {min_ratio}/{max_ratio}/{dedicated_ratio}")
         new = self.quota[site, cell].copy()
         new[match[0]] = (min_ratio / 100, max_ratio / 100, dedicated_ratio / 100)
         if new[:, 2].sum() > 1 + 1e-9 or new[:, 0].sum() > 1 + 1e-9:
