@@ -3,8 +3,8 @@ and `weaver-xapp` as processes over RMR / SubMgr REST / Redis, plus one real tra
 
 The page must show live data for every site (points drawn on every chart, checked on the canvas pixels
 too), keep going when a site is taken off the air mid-run (that site is shown "lost", the other stays
-live), and say "xApp unreachable" when the xApp goes away, keeping what it drew. Screenshots go to the
-test's tmp dir; set WEAVER_DASHBOARD_SCREENSHOT=docs/img/dashboard.png to refresh the README's picture.
+live), show an agent that dies as lost, and say "xApp unreachable" when the xApp goes away, keeping
+what it drew. Screenshots go to the test's tmp dir; set WEAVER_DASHBOARD_SCREENSHOT=docs/img/dashboard.png to refresh the README's picture.
 """
 from __future__ import annotations
 
@@ -111,6 +111,16 @@ async def _scenario(tmp: Path, redis: dict) -> None:
         assert shot.stat().st_size > 20_000
         if os.environ.get("WEAVER_DASHBOARD_SCREENSHOT"):
             shutil.copyfile(shot, os.environ["WEAVER_DASHBOARD_SCREENSHOT"])
+
+        # site-0's agent dies: its row turns "lost", the site itself stays live
+        run.sup.stop(run.sup.get("agent:0"), timeout=5.0)
+
+        async def agent_lost():
+            rows = await browser.evaluate(AGENTS) or []
+            c = await cards()
+            ok = [r for r in rows if r["site"] == "site-0" and r["status"] == "lost"] and c["site-0"]["status"] == "live"
+            return rows if ok else None
+        await until(agent_lost, 20, "site-0's agent shown lost while the site stays live", run)
 
         # the xApp goes away: the page says so and keeps what it drew
         run.sup.stop(run.sup.get("xapp"))
