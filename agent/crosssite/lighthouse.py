@@ -2,7 +2,8 @@
 
 The Lighthouse runs as its own process (torchft's `torchft_lighthouse` binary) so that killing a
 site never takes the quorum service with it, and so that it is stopped by pid, never by name.
-Run standalone: `python -m agent.crosssite.lighthouse --port 29510 --heartbeat-timeout-ms 400`.
+Run standalone: `python -m agent.crosssite.lighthouse --port 29510 --round-ms 1000` (timeouts derived
+from the round length) or with explicit `--heartbeat-timeout-ms` / `--join-timeout-ms`.
 """
 from __future__ import annotations
 
@@ -35,6 +36,15 @@ class LighthouseConfig:
                 raise ValueError(f"LighthouseConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"LighthouseConfig.port out of range: {self.port}")
+
+    @classmethod
+    def for_rounds(cls, round_ms: int, port: int = 0, min_replicas: int = 1) -> LighthouseConfig:
+        """Timeouts that fit the round protocol: a dead site costs less than a round (heartbeat R/2),
+        a left-out site rejoins at the next boundary (join timeout 1.5 R)."""
+        if round_ms < 50:
+            raise ValueError(f"round_ms must be >= 50, got {round_ms}")
+        return cls(port=port, min_replicas=min_replicas, join_timeout_ms=round_ms * 3 // 2,
+                   heartbeat_timeout_ms=max(10, round_ms // 2))
 
 
 def _free_port() -> int:
@@ -104,12 +114,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m agent.crosssite.lighthouse")
     ap.add_argument("--port", type=int, default=29510)
     ap.add_argument("--min-replicas", type=int, default=1)
+    ap.add_argument("--round-ms", type=int, default=0, help="derive both timeouts from the round length")
     ap.add_argument("--join-timeout-ms", type=int, default=1500)
     ap.add_argument("--heartbeat-timeout-ms", type=int, default=400)
     args = ap.parse_args(argv)
-    lh = Lighthouse(LighthouseConfig(port=args.port, min_replicas=args.min_replicas,
-                                     join_timeout_ms=args.join_timeout_ms,
-                                     heartbeat_timeout_ms=args.heartbeat_timeout_ms)).start()
+    if args.round_ms:
+        cfg = LighthouseConfig.for_rounds(args.round_ms, port=args.port, min_replicas=args.min_replicas)
+    else:
+        cfg = LighthouseConfig(port=args.port, min_replicas=args.min_replicas, join_timeout_ms=args.join_timeout_ms,
+                               heartbeat_timeout_ms=args.heartbeat_timeout_ms)
+    lh = Lighthouse(cfg).start()
     print(f"lighthouse {lh.addr}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:

@@ -213,3 +213,13 @@ def test_reduced_statistics_fuzz(values):
     assert math.isfinite(stats.steps_cv) and math.isfinite(stats.tau_eff) and stats.tokens >= 0
     g = outer_gradient(torch.ones(3), stats, use_fednova(stats, RoundPolicy()))
     assert g is None or g.shape == (3,)
+
+
+def test_lighthouse_timeouts_fit_the_round():
+    from agent.crosssite.lighthouse import LighthouseConfig
+    c = LighthouseConfig.for_rounds(800)
+    assert c.heartbeat_timeout_ms < 800 < c.join_timeout_ms
+    with pytest.raises(ValueError):
+        LighthouseConfig.for_rounds(10)
+    with pytest.raises(ValueError):
+        LighthouseConfig(heartbeat_timeout_ms=0)
