@@ -4,7 +4,8 @@ and `weaver-xapp` as processes over RMR / SubMgr REST / Redis, plus one real tra
 The page must show live data for every site (points drawn on every chart, checked on the canvas pixels
 too), keep going when a site is taken off the air mid-run (that site is shown "lost", the other stays
 live), show an agent that dies as lost, and say "xApp unreachable" when the xApp goes away, keeping
-what it drew. Screenshots go to the test's tmp dir; set WEAVER_DASHBOARD_SCREENSHOT=docs/img/dashboard.png to refresh the README's picture.
+what it drew. Screenshots go to the test's tmp dir (WEAVER_DASHBOARD_SCREENSHOT=PATH keeps a copy of the
+lost-site one); docs/img/dashboard.png comes from tests/dashboard/screenshot.py over `weaver up`.
 """
 from __future__ import annotations
 

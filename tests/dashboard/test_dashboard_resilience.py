@@ -19,6 +19,11 @@ pytestmark = pytest.mark.browser
 CARDS = """Object.fromEntries([...document.querySelectorAll('[data-testid=site-card]')].map(c =>
   [c.dataset.site, {status: c.dataset.status, points: +c.querySelector('canvas').dataset.points,
                     kv: c.querySelector('[data-testid=site-kv]').textContent}]))"""
+TABLES = """({
+  controls: [...document.querySelectorAll('[data-testid=control-row]')].map(r => [r.cells[3].textContent, r.dataset.outcome]),
+  transfers: [...document.querySelectorAll('[data-testid=transfer-row]')].map(r => [...r.cells].slice(0, 4).map(c => c.textContent)),
+  agents: [...document.querySelectorAll('[data-testid=agent-row]')].map(r => [...r.cells].slice(0, 3).map(c => c.textContent)),
+})"""
 CONN = "[document.getElementById('conn').dataset.state, document.getElementById('conn').textContent]"
 
 
@@ -38,6 +43,27 @@ class FlakyApi:
             out.insert(0, {"site_id": "site-a"})        # nothing but its name: never had KPM
         return out
 
+    def good(self, path: str) -> dict:
+        now = time.time()
+        if path == "/api/v1/agents":
+            return {"epoch": 3, "agents": [{"site_id": "site-b", "agent_id": "agent-b", "kind": "cuda", "mode": "gpu",
+                                            "last_seen_s": 0.2, "reports": 9}]}
+        if path == "/api/v1/controls":
+            log = []
+            for cid, result in ((1, "ack"), (2, "failure ricRequest/control-message-invalid"), (3, "timeout"), (4, None)):
+                base = {"t": now - 5 + cid, "site": "site-b", "meid": "gnb_b", "kind": "quota", "envelope_sms": 40,
+                        "control_id": cid, "quotas": [[1, 2, 0, 60]]}
+                log.append({**base, "result": "sent"})
+                if result:
+                    log.append({**base, "result": result})
+            return {"controls": log}
+        if path == "/api/v1/transfers":
+            return {"transfers": [{"site_id": "site-b", "round": 7, "bytes": 12_500_000,
+                                   "deadline_unix_ms": int((now + 30) * 1000), "workers": 2}]}
+        if path == "/api/v1/sites":
+            return {"sites": self.sites()}
+        return {"points": []}
+
     async def handle(self, request: web.Request) -> web.Response:
         path = request.path
         if self.phase == "down":
@@ -53,6 +79,8 @@ class FlakyApi:
             return web.json_response({"points": [*pts, {"t": "soon"}, None, 5]})
         if path == "/api/v1/sites/site-a/series":
             return web.json_response({"points": "none"})
+        if self.phase == "vanished":                  # recovered: well-formed answers for the tables
+            return web.json_response(self.good(path))
         if path == "/api/v1/agents":
             return web.json_response({"agents": "nope", "epoch": 3})
         if path == "/api/v1/controls":
@@ -116,6 +144,14 @@ async def _scenario(tmp) -> None:
                         "site-a shown lost")
         assert c["site-b"]["status"] == "live", c
         assert (await browser.evaluate(CONN))[0] == "ok"
+
+        async def tables():
+            doc = await browser.evaluate(TABLES)
+            return doc if doc["controls"] and doc["transfers"] and doc["agents"] else None
+        t = await until(tables, 10, "controls, transfer and agent rows")
+        assert t["controls"] == [["4", "pending"], ["3", "timeout"], ["2", "failure"], ["1", "ack"]], t
+        assert t["transfers"] == [["7", "site-b", "2", "12.5 MB"]], t
+        assert t["agents"] == [["site-b", "agent-b", "connected"]], t
         await browser.screenshot(tmp / "dashboard-flaky.png")
     finally:
         if browser is not None:

@@ -260,7 +260,7 @@
     for (let i = 0; i <= 4; i += 1) {
       const v = (ymax * i) / 4, y = Y(v);
       g.beginPath(); g.moveTo(pad.l, y); g.lineTo(w - pad.r, y); g.stroke();
-      g.fillText(String(Math.round(v)), 2, y + 3);
+      g.fillText(ymax >= 8 ? String(Math.round(v)) : v.toFixed(1), 2, y + 3);
     }
     const stepS = windowS <= 60 ? 15 : 60;
     for (let s = 0; s <= windowS; s += stepS) {
