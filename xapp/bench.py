@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -234,6 +235,8 @@ def run(args) -> int:
     print(f"recorded {n_ind} indications ({n_nodes} nodes x {args.cells_per_node} cells = "
           f"{n_nodes * args.cells_per_node} cells, {periods} periods, seed {args.seed}) in {rec_s:.1f} s; "
           f"payload {len(recorded[0][0][2])} B", file=sys.stderr)
+    gc.collect()
+    gc.freeze()        # as weaver-xapp does after start-up: no full collections over the codec tables
     fast = run_arm("weaver", cfg, recorded, decode_e2ap)
     with reference_kpm():
         base = run_arm("reference", cfg, recorded, decode_e2ap_reference)
