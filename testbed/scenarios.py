@@ -111,3 +111,28 @@ def scenario_stats(scenario: Scenario, seed: int = 0, n_periods: int = 200) -> S
         ran_mean_share=float(np.mean(d.mean(axis=0) / gpu)),
         slot_cv=float(np.mean(d.std(axis=0) / d.mean(axis=0))), mean_prb_util=float(np.mean(util)),
         partition=scenario.partition, reconfig_s=scenario.reconfig_s, seed=seed, n_slots=d.shape[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m testbed.scenarios [--seed N] [--periods N]`: each scenario's measured load regime."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m testbed.scenarios", description=main.__doc__)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--periods", type=int, default=100)
+    p.add_argument("names", nargs="*", default=[n for n in SCENARIOS if n != "scale"])
+    args = p.parse_args(argv)
+    print(f"{'scenario':16} {'sites':>5} {'cells/GPU':>9} {'GPU SMs':>7} {'RAN p99.9':>9} {'RAN mean':>8} "
+          f"{'slot CV':>7} {'PRB util':>8} {'partition':>14}")
+    for name in args.names:
+        sc = get(name)
+        st = scenario_stats(sc, args.seed, args.periods)
+        print(f"{name:16} {sc.n_sites:5d} {st.cells_per_gpu:9d} {st.gpu_sms:7d} {100 * st.ran_p999_share:8.0f}% "
+              f"{100 * st.ran_mean_share:7.0f}% {st.slot_cv:7.2f} {100 * st.mean_prb_util:7.0f}% "
+              f"{st.partition:>10} {st.reconfig_s:.1f}s")
+    print(f"seed {args.seed}; {args.periods} periods per scenario, no training, no shaping")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
