@@ -503,7 +503,10 @@ class XappApp:
             rt.policy = policy_for(cfg, "envelope" if "envelope" in modes else "quota" if "quota" in modes
                                    else "envelope")
         if self.broker is not None:
+            before = self.broker.cross_site()
             self.broker.cfg = cfg
+            if self.broker.cross_site() != before:
+                log.info("cross-site config changed: pushed to %d agents", self.broker.publish_cross_site())
         log.info("config applied (policy %s)", cfg.policy.name)
         return None
 

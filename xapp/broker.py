@@ -111,6 +111,11 @@ class LeaseBroker:
                                          round_epoch_ms=b.round_epoch_ms,
                                          heartbeat_timeout_ms=b.heartbeat_ms * b.agent_timeout_heartbeats)
 
+    def publish_cross_site(self) -> int:
+        """Push the (changed) CrossSiteConfig to every connected agent; returns how many got it."""
+        msg = lease_pb2.BrokerMessage(cross_site=self.cross_site())
+        return sum(s.push(msg) for s in self.sessions.values())
+
     def grant(self, site_id: str, sm_count: int, reason: str) -> LeaseIssued | None:
         """Issue (or renew) the site's lease; None when no agent is connected for the site."""
         s = self.sessions.get(site_id)

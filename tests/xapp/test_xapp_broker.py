@@ -89,6 +89,9 @@ def test_register_welcome_lease_heartbeat_usage_revoke():
         q.put_nowait(lease_pb2.AgentMessage(transfer=lease_pb2.TransferPlan(
             round=1, bytes=1 << 20, deadline_unix_ms=123, workers=2)).SerializeToString())
         await wait_for(lambda: broker.book.agents["s1"].reports == 1 and broker.book.agents["s1"].transfers)
+        assert broker.publish_cross_site() == 1
+        cs = await call.read()
+        assert cs.WhichOneof("body") == "cross_site" and cs.cross_site.round_ms == 5000
         assert broker.revoke("s1", "stale-kpm") is True
         rv = await call.read()
         assert rv.revoke.reason == "stale-kpm" and "s1" not in broker.book.leases
