@@ -33,6 +33,7 @@ from e2sm.kpm import (
     encode_event_trigger,
     kpm_version_from_oid,
 )
+from e2sm.rc import SliceQuota
 from xapp.actuate import NodeControl, node_control, parse_control_reply
 from xapp.agents import AgentBook
 from xapp.broker import LeaseBroker
@@ -170,6 +171,8 @@ class XappApp:
             rt = self.state.sites.get(sid)
             if rt is not None:
                 rt.acked_envelope = rec.envelope_sms
+                rt.acked_caps = tuple(SliceQuota(sst=sst, sd=None if sd < 0 else sd, max_ratio=ratio)
+                                      for _meid, sst, sd, ratio in rec.caps)
         for lease in snap.leases:                       # a previous epoch's lease is never renewed
             if not lease.ended and lease.epoch < self.epoch:
                 self.store.put_lease(replace(lease, ended="epoch-ended"))
@@ -373,6 +376,9 @@ class XappApp:
                 ticks += 1
                 if ticks % 50 == 0:
                     self._save_cost_models()
+                if ticks % 600 == 0:
+                    with contextlib.suppress(Exception):
+                        self.store.prune_leases(self.wall())
 
     async def tick(self) -> None:
         if self.broker is not None:
