@@ -78,7 +78,7 @@ def fifo_delay_slots(a: np.ndarray, served: np.ndarray, q0: np.ndarray, queue: n
 
 @dataclass(frozen=True)
 class SliceSchedule:
-    """One direction's MAC result for a period. Shapes (T, S, C, L) except where noted."""
+    """One direction's MAC result for a period. Shapes (L=2, T, S, C) except where noted."""
 
     served: np.ndarray  # bytes
     queue: np.ndarray  # bytes left after each slot
@@ -90,26 +90,26 @@ def schedule_cells(a: np.ndarray, cap_prb: np.ndarray, bpp: np.ndarray, quota: n
                    q0: np.ndarray) -> SliceSchedule:
     """Serve slice queues by priority (slice 0 protected, slice 1 best-effort) under quotas.
 
-    a (T,S,C,2) arriving bytes; cap_prb (T,S,C) PRBs of this direction in each slot (0 when the TDD
-    slot is of the other direction); bpp (T,S,C) bytes per PRB; quota (S,C,2,3) = (min, max,
-    dedicated) fractions; q0 (S,C,2) queues at period start."""
+    a (2,T,S,C) arriving bytes per slice (slice-first: each slice's array is contiguous); cap_prb (T,S,C)
+    PRBs of this direction in each slot (0 when the TDD slot is of the other direction); bpp (T,S,C) bytes
+    per PRB; quota (S,C,2,3) = (min, max, dedicated) fractions; q0 (2,S,C) queues at period start."""
     qmin, qmax, qded = quota[..., 0], quota[..., 1], quota[..., 2]
     served = np.empty_like(a)
     queue = np.empty_like(a)
     capacity = np.empty_like(a)
     # Protected: up to its max, never into best-effort's dedicated or min share.
     np.multiply(cap_prb * np.minimum(qmax[..., 0], 1.0 - np.maximum(qded[..., 1], qmin[..., 1])), bpp,
-                out=capacity[..., 0])
-    queue[..., 0] = lindley(a[..., 0] - capacity[..., 0], q0[..., 0])
-    served[..., 0] = served_from(queue[..., 0], q0[..., 0], a[..., 0])
-    prb_p = served[..., 0] / bpp
+                out=capacity[0])
+    queue[0] = lindley(a[0] - capacity[0], q0[0])
+    served[0] = served_from(queue[0], q0[0], a[0])
+    prb_p = served[0] / bpp
     # Best-effort: up to its max, in what the protected slice left (its dedicated PRBs stay out of reach).
     cap_b = np.minimum(cap_prb * qmax[..., 1], cap_prb - np.maximum(prb_p, cap_prb * qded[..., 0]))
     np.maximum(cap_b, 0.0, out=cap_b)
-    np.multiply(cap_b, bpp, out=capacity[..., 1])
-    queue[..., 1] = lindley(a[..., 1] - capacity[..., 1], q0[..., 1])
-    served[..., 1] = served_from(queue[..., 1], q0[..., 1], a[..., 1])
-    cap_b -= served[..., 1] / bpp
+    np.multiply(cap_b, bpp, out=capacity[1])
+    queue[1] = lindley(a[1] - capacity[1], q0[1])
+    served[1] = served_from(queue[1], q0[1], a[1])
+    cap_b -= served[1] / bpp
     np.maximum(cap_b, 0.0, out=cap_b)
     return SliceSchedule(served=served, queue=queue, capacity=capacity, be_headroom_prb=cap_b)
 

@@ -103,8 +103,8 @@ class RanModel:
         self.prbs = np.array([[c.prbs for c in s.cells] for s in scenario.sites], dtype=float)
         self.quota = np.zeros((S, C, 2, 3))
         self.quota[..., 1] = 1.0  # min 0, max 100 %, dedicated 0
-        self.q_dl = np.zeros((S, C, 2))
-        self.q_ul = np.zeros((S, C, 2))
+        self.q_dl = np.zeros((2, S, C))  # MAC queues, slice-first like the MAC arrays
+        self.q_ul = np.zeros((2, S, C))
         self.envelope = np.full(S, np.inf)
         self.be_delay_budget_ms = np.array([s.slices[1].delay_budget_ms for s in scenario.sites])
         self.training_sms = np.zeros(S)
@@ -174,22 +174,22 @@ class RanModel:
         dl = schedule_cells(arr.dl, cap_dl, arr.bpp_dl, self.quota, self.q_dl)
         ul = schedule_cells(arr.ul, cap_ul, arr.bpp_ul, self.quota, self.q_ul)
         q0_dl, q0_ul = self.q_dl, self.q_ul
-        self.q_dl, self.q_ul = dl.queue[-1], ul.queue[-1]
+        self.q_dl, self.q_ul = dl.queue[:, -1], ul.queue[:, -1]
         cd, cu = self.cost.dl, self.cost.ul
         kd, ku = cd.work_per_byte, cu.work_per_byte
         n_cells = sc.n_cells
         # Non-deferrable SMs: fixed per-slot costs of every cell + the protected slice.
         # einsum: numpy's sum over a middle axis with a short trailing one is several times slower.
-        site_dl = np.einsum("tscl->tsl", dl.served)  # (T,S,2) bytes per site and slice
-        site_ul = np.einsum("tscl->tsl", ul.served)
+        site_dl = np.einsum("ltsc->lts", dl.served)  # (2,T,S) bytes per slice and site
+        site_ul = np.einsum("ltsc->lts", ul.served)
         fixed_dl = (dl_frac > 0) * (n_cells * cd.a / cd.budget_us)
-        ul_at_u = is_u * (n_cells * cu.a / cu.budget_us) + (ku / cu.budget_us) * site_ul[..., 0]
-        nondef = fixed_dl + (kd / cd.budget_us) * site_dl[..., 0] + ul_spill(ul_at_u)
-        offered = nondef + (kd / cd.budget_us) * site_dl[..., 1] + ul_spill((ku / cu.budget_us) * site_ul[..., 1])
+        ul_at_u = is_u * (n_cells * cu.a / cu.budget_us) + (ku / cu.budget_us) * site_ul[0]
+        nondef = fixed_dl + (kd / cd.budget_us) * site_dl[0] + ul_spill(ul_at_u)
+        offered = nondef + (kd / cd.budget_us) * site_dl[1] + ul_spill((ku / cu.budget_us) * site_ul[1])
         demand = offered.copy()
         # Best-effort bytes served per cell; the compute-aware stage rewrites its sites' rows in place.
-        served_be_dl = dl.served[..., 1]
-        served_be_ul = ul.served[..., 1]
+        served_be_dl = dl.served[1]
+        served_be_ul = ul.served[1]
         mac_be_dl, mac_be_ul = served_be_dl.copy(), served_be_ul.copy()  # before the compute stage
         added_max = np.zeros(sc.n_sites)
         deferred = np.zeros(sc.n_sites)
@@ -209,27 +209,22 @@ class RanModel:
         misses = (demand > (self.gpu_sms - self.training_sms)[None] + 1e-9).sum(axis=0)
 
         # Delay: FIFO delay of the bytes leaving each MAC queue (compute stage: in _compute_stage).
-        hist = self.delay_hist[0].reshape(-1)
-        for a, sched, q0 in ((arr.dl, dl, q0_dl), (arr.ul, ul, q0_ul)) if self.track_delay else ():
-            prb_served = sched.served.copy()
-            if sched is dl:
-                prb_served[..., 1] = mac_be_dl
-            else:
-                prb_served[..., 1] = mac_be_ul
-            b = np.minimum(fifo_delay_slots(a, prb_served, q0, sched.queue), DELAY_BINS - 1)
-            b[..., 1] += DELAY_BINS
-            hist += np.bincount(b.ravel(), prb_served.ravel(), 2 * DELAY_BINS)
-        off_dl, off_ul = np.einsum("tscl->scl", arr.dl), np.einsum("tscl->scl", arr.ul)
+        hist = self.delay_hist[0]
+        for a, sched, q0, mac_be in ((arr.dl, dl, q0_dl, mac_be_dl), (arr.ul, ul, q0_ul, mac_be_ul)) if self.track_delay else ():
+            for sl, srv in ((0, sched.served[0]), (1, mac_be)):
+                b = np.minimum(fifo_delay_slots(a[sl], srv, q0[sl], sched.queue[sl]), DELAY_BINS - 1)
+                hist[sl] += np.bincount(b.ravel(), srv.ravel(), DELAY_BINS)
+        off_dl, off_ul = np.einsum("ltsc->scl", arr.dl), np.einsum("ltsc->scl", arr.ul)
         self.offered_bytes += off_dl + off_ul
         served_dl, served_ul = dl.served, ul.served  # best-effort columns already rewritten above
-        bytes_dl, bytes_ul = np.einsum("tscl->scl", served_dl), np.einsum("tscl->scl", served_ul)
+        bytes_dl, bytes_ul = np.einsum("ltsc->scl", served_dl), np.einsum("ltsc->scl", served_ul)
         self.served_bytes += bytes_dl + bytes_ul
         n_dl = dl_frac.sum(axis=0)[:, None]  # (S,1) DL slot-equivalents
         n_ul = np.maximum(is_u.sum(axis=0), 1)[:, None]
-        prb_dl = np.einsum("tscl,tsc->scl", served_dl, 1.0 / arr.bpp_dl)  # PRB-slots per slice
-        prb_ul = np.einsum("tscl,tsc->scl", served_ul, 1.0 / arr.bpp_ul)
+        prb_dl = np.einsum("ltsc,tsc->scl", served_dl, 1.0 / arr.bpp_dl)  # PRB-slots per slice
+        prb_ul = np.einsum("ltsc,tsc->scl", served_ul, 1.0 / arr.bpp_ul)
         arrivals_per_slot = (off_dl + off_ul) / T
-        queue_mean = (np.einsum("tscl->scl", dl.queue) + np.einsum("tscl->scl", ul.queue)) / T
+        queue_mean = (np.einsum("ltsc->scl", dl.queue) + np.einsum("ltsc->scl", ul.queue)) / T
         self.slot += T
         return PeriodReport(
             start_slot=start, n_slots=T, period_s=T * SLOT_S,
@@ -242,7 +237,7 @@ class RanModel:
             prb_avail_dl=self.prbs.copy(), prb_avail_ul=self.prbs.copy(),
             slice_prb_used_dl=prb_dl / n_dl[..., None], slice_prb_used_ul=prb_ul / n_ul[..., None],
             slice_bytes_dl=bytes_dl, slice_bytes_ul=bytes_ul,
-            slice_queue_bytes=self.q_dl + self.q_ul,
+            slice_queue_bytes=np.moveaxis(self.q_dl + self.q_ul, 0, -1),
             slice_delay_ms=np.where(arrivals_per_slot > 0, queue_mean / np.maximum(arrivals_per_slot, 1e-12), 0.0)
             * SLOT_S * 1e3,
             demand=demand, offered=offered, nondeferrable=nondef,

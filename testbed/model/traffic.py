@@ -92,8 +92,9 @@ def diurnal_level(archetype: str, hour, rho: float = RHO) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Arrivals:
-    """Bytes arriving per slot per (site, cell, slice) for each direction, and the bytes one PRB carries
-    in each slot at the drawn MCS and layers. Shapes: dl/ul (T, S, C, L), bpp_* (T, S, C)."""
+    """Bytes arriving per slot per (slice, site, cell) for each direction, and the bytes one PRB carries
+    in each slot at the drawn MCS and layers. Shapes: dl/ul (L=2, T, S, C) slice-first (each slice's
+    array contiguous, which is how the MAC reads them), bpp_* (T, S, C)."""
 
     dl: np.ndarray
     ul: np.ndarray
@@ -183,9 +184,9 @@ class SyntheticTrace:
             m = mean * lam[:, None]  # (S, C) bytes per slot, all slices
             mp = (m * self.shares[:, :1] / PROTECTED_ACTIVE)[:, None, :]
             mb = (m * self.shares[:, 1:] / p_act)[:, None, :]
-            a = np.empty((T, S, C, 2))
-            a[..., 0] = np.moveaxis((u[:, d] < PROTECTED_ACTIVE) * small[:, d] * mp, 1, 0)
-            a[..., 1] = np.moveaxis((u[:, 2 + d] < p_act[:, None, :].astype(np.float32)) * burst[:, d] * mb, 1, 0)
+            a = np.empty((2, T, S, C))
+            a[0] = np.moveaxis((u[:, d] < PROTECTED_ACTIVE) * small[:, d] * mp, 1, 0)
+            a[1] = np.moveaxis((u[:, 2 + d] < p_act[:, None, :].astype(np.float32)) * burst[:, d] * mb, 1, 0)
             mcs = np.clip(np.rint(self.mcs_mean[:, d, None, :] + 3.0 * mcs_noise[:, d]), 0, 27).astype(np.intp)
             pool = (DL_LAYERS if d == 0 else UL_LAYERS)[0]
             layers = np.minimum(pool[np.searchsorted(self.layer_cdf[d], layer_u[:, d])], self.max_layers[:, d, None, :])
@@ -284,5 +285,5 @@ class CsvTrace:
             x = load[d].reshape(n_slots, S, C)
             if self.unit == "prb":
                 x = x * bpp
-            out.append(x[..., None] * self._mcs.shares[None, :, None, :])
+            out.append(x[None] * self._mcs.shares.T[:, None, :, None])
         return Arrivals(dl=out[0], ul=out[1], bpp_dl=drawn.bpp_dl, bpp_ul=drawn.bpp_ul, level=drawn.level)

@@ -33,7 +33,7 @@ def _quota(S, C, pmin=0, pmax=1, pded=0, bmin=0, bmax=1, bded=0):
 
 
 def _setup(rng, T=400, S=2, C=3, be_scale=60000.0, p_scale=5000.0):
-    a = np.stack([rng.exponential(p_scale, (T, S, C)), rng.exponential(be_scale, (T, S, C))], -1)
+    a = np.stack([rng.exponential(p_scale, (T, S, C)), rng.exponential(be_scale, (T, S, C))])  # slice-first
     cap = np.where(np.arange(T)[:, None, None] % 5 == 1, 0.0, 273.0) * np.ones((T, S, C))
     bpp = rng.uniform(100, 500, (T, S, C))
     return a, cap, bpp
@@ -44,34 +44,34 @@ def test_quotas_are_honoured_in_every_slot(quota):
     rng = np.random.default_rng(3)
     a, cap, bpp = _setup(rng)
     q = _quota(2, 3, *quota)
-    r = schedule_cells(a, cap, bpp, q, np.zeros((2, 3, 2)))
-    prb = r.served / bpp[..., None]
+    r = schedule_cells(a, cap, bpp, q, np.zeros((2, 2, 3)))
+    prb = r.served / bpp[None]
     pmin, pmax, pded, bmin, bmax, bded = quota
     eps = 1e-6
-    assert np.all(prb[..., 1] <= cap * bmax + eps)
-    assert np.all(prb[..., 0] <= cap * pmax + eps)
-    assert np.all(prb[..., 1] <= cap * (1 - pded) + eps)  # protected's dedicated PRBs stay out of reach
-    assert np.all(prb[..., 0] <= cap * (1 - max(bded, bmin)) + eps)
-    assert np.all(prb.sum(-1) <= cap + eps)
+    assert np.all(prb[1] <= cap * bmax + eps)
+    assert np.all(prb[0] <= cap * pmax + eps)
+    assert np.all(prb[1] <= cap * (1 - pded) + eps)  # protected's dedicated PRBs stay out of reach
+    assert np.all(prb[0] <= cap * (1 - max(bded, bmin)) + eps)
+    assert np.all(prb.sum(0) <= cap + eps)
 
 
 def test_protected_slice_is_never_starved_by_best_effort():
     rng = np.random.default_rng(4)
     a, cap, bpp = _setup(rng, be_scale=1e7)  # best-effort floods the cell
-    r = schedule_cells(a, cap, bpp, _quota(2, 3), np.zeros((2, 3, 2)))
-    fits = a[..., 0] <= cap * bpp  # protected alone fits this slot
+    r = schedule_cells(a, cap, bpp, _quota(2, 3), np.zeros((2, 2, 3)))
+    fits = a[0] <= cap * bpp  # protected alone fits this slot
     # When its arrivals fit, the protected queue is empty after every slot with capacity.
-    assert np.all(r.queue[..., 0][(cap > 0) & fits & (np.roll(cap, 1, axis=0) > 0)] < 1e-6)
-    assert r.queue[..., 1][-1].min() > 0  # best-effort really was overloaded
+    assert np.all(r.queue[0][(cap > 0) & fits & (np.roll(cap, 1, axis=0) > 0)] < 1e-6)
+    assert r.queue[1][-1].min() > 0  # best-effort really was overloaded
 
 
 def test_queues_drain_and_every_byte_is_served():
     rng = np.random.default_rng(5)
     a, cap, bpp = _setup(rng, T=2000, be_scale=60000.0)
-    a[400:] = 0.0
-    r = schedule_cells(a, cap, bpp, _quota(2, 3, bmax=0.5), np.zeros((2, 3, 2)))
-    assert np.all(r.queue[-1] < 1e-6)
-    np.testing.assert_allclose(r.served.sum(0), a.sum(0), rtol=1e-9)
+    a[:, 400:] = 0.0
+    r = schedule_cells(a, cap, bpp, _quota(2, 3, bmax=0.5), np.zeros((2, 2, 3)))
+    assert np.all(r.queue[:, -1] < 1e-6)
+    np.testing.assert_allclose(r.served.sum(1), a.sum(1), rtol=1e-9)
 
 
 def test_fifo_split_serves_cells_in_arrival_order_and_keeps_the_rest():

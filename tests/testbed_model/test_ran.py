@@ -119,7 +119,7 @@ def test_trace_generator_is_seeded_and_sites_are_independent():
     assert not np.array_equal(a.dl, SyntheticTrace(sc, 10).arrivals(0, 200).dl)
     # Adding a site does not change the traces of the others (one spawned generator per site).
     two = SyntheticTrace(busy_scenario(n_sites=2), 9).arrivals(0, 200)
-    np.testing.assert_array_equal(two.dl, a.dl[:, :2])
+    np.testing.assert_array_equal(two.dl, a.dl[:, :, :2])
 
 
 def test_archetype_shapes_peak_where_the_facts_say():
@@ -170,16 +170,16 @@ def test_csv_trace_replays_and_refuses_bad_rows(tmp_path):
     good.write_text("time_s,cell,bytes,dir\n0.0,0/1,50000,dl\n0.0005,1,1000,ul\n0.0012,0/0,7,dl\n")
     tr = CsvTrace(sc, good)
     arr = tr.arrivals(0, 10)
-    assert arr.dl[0, 0, 1].sum() == pytest.approx(50000)
-    assert arr.ul[1, 0, 1].sum() == pytest.approx(1000)
-    assert arr.dl[2, 0, 0].sum() == pytest.approx(7)
+    assert arr.dl[:, 0, 0, 1].sum() == pytest.approx(50000)
+    assert arr.ul[:, 1, 0, 1].sum() == pytest.approx(1000)
+    assert arr.dl[:, 2, 0, 0].sum() == pytest.approx(7)
     m = RanModel(sc, seed=0, trace=CsvTrace(sc, good))
     m.step_period()
     m.step_period()
     assert m.served_bytes.sum() == pytest.approx(m.offered_bytes.sum() - (m.q_dl + m.q_ul).sum())
     prb = tmp_path / "p.csv"
     prb.write_text("time_s,cell,prb\n0,0,100\n")
-    assert CsvTrace(sc, prb).arrivals(0, 5).dl[0, 0, 0].sum() > 0
+    assert CsvTrace(sc, prb).arrivals(0, 5).dl[:, 0, 0, 0].sum() > 0
     for text in ["x,y\n1,2\n", "time_s,cell,bytes\n0,9/9,5\n", "time_s,cell,bytes\n-1,0,5\n",
                  "time_s,cell,bytes\nnan,0,5\n", "time_s,cell,bytes\n0,0,abc\n", "time_s,cell,bytes,dir\n0,0,5,xx\n",
                  "time_s,cell,bytes\n", "\x00\xff garbage"]:
@@ -216,9 +216,9 @@ def test_csv_trace_is_sparse_and_repeats(tmp_path):
     tr = CsvTrace(sc, f)
     assert tr.n_slots == 7_200_001
     first = tr.arrivals(0, 10)
-    assert first.dl[0, 0, 0].sum() == pytest.approx(10)
+    assert first.dl[:, 0, 0, 0].sum() == pytest.approx(10)
     wrap = tr.arrivals(7_200_000, 10)  # last slot of the trace, then it starts again
-    assert wrap.dl[0, 0, 2].sum() == pytest.approx(20) and wrap.dl[1, 0, 0].sum() == pytest.approx(10)
+    assert wrap.dl[:, 0, 0, 2].sum() == pytest.approx(20) and wrap.dl[:, 1, 0, 0].sum() == pytest.approx(10)
 
 
 def test_deferred_work_never_exceeds_a_cells_prbs_or_quota_when_it_catches_up(monkeypatch):
@@ -255,7 +255,7 @@ def test_generated_traffic_of_complementary_sites_sums_to_a_flatter_day():
     sc = Scenario(name="day", description="d", sites=tuple(SiteConfig(site_id=i, archetype=a) for i, a in enumerate(archetypes)),
                   start_hour=0.0, day_speedup=3600 / 0.1)  # each 100 ms period is one hour of the day
     tr = SyntheticTrace(sc, seed=12)
-    hourly = np.array([(lambda x: x.dl.sum(axis=(0, 2, 3)) + x.ul.sum(axis=(0, 2, 3)))(tr.arrivals(h * 200, 200))
+    hourly = np.array([(lambda x: x.dl.sum(axis=(0, 1, 3)) + x.ul.sum(axis=(0, 1, 3)))(tr.arrivals(h * 200, 200))
                        for h in range(48)])  # (hours, sites) offered bytes
 
     def cv(x):
