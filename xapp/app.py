@@ -145,6 +145,8 @@ class XappApp:
         self._wake = asyncio.Event()
         self._drops: dict[tuple[str, str], int] = {}
         self._pending_subs: dict[int, tuple] = {}
+        self.last_kpm: dict[str, float] = {}
+        self._resubscribing: set[str] = set()
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self.epoch = 0
@@ -309,6 +311,7 @@ class XappApp:
             self.ingest.add(KpmSubscription(inst.e2_event_instance_id, meid, fn, version, keys))
 
     def _activate(self, rec: SubscriptionRecord, version: KpmVersion, keys: tuple[str, ...]) -> None:
+        self.last_kpm[rec.meid] = self.now()          # the silence clock starts at activation
         self.subscriptions[rec.meid] = rec
         self.subscribe_errors.pop(rec.meid, None)
         self.ingest.add(KpmSubscription(rec.e2_event_instance_id, rec.meid, rec.ran_function_id, version, keys))
@@ -337,7 +340,9 @@ class XappApp:
         now = self.now()
         if msg.mtype == MT_INDICATION:
             try:
-                self.samples.append(self.ingest.indication(msg.sub_id, msg.meid, msg.payload, now))
+                sample = self.ingest.indication(msg.sub_id, msg.meid, msg.payload, now)
+                self.samples.append(sample)
+                self.last_kpm[sample.meid] = now
                 self.counters.indications += 1
                 site = self.cfg.site_of(msg.meid)
                 if site is not None:
@@ -492,6 +497,28 @@ class XappApp:
                     log.warning("E2 nodes disconnected: %s", sorted(lost) or "none")
                     self.lost_nodes = lost
                     self._wake.set()
+                self._resubscribe_silent({n.meid: n for n in nodes if n.connected})
+
+    def _resubscribe_silent(self, connected: dict[str, E2Node]) -> None:
+        """A connected node that has sent no KPM for a long while (it restarted and redid E2 setup, so
+        the E2 side forgot the subscription) gets a fresh subscription. Leases are long revoked by then."""
+        limit = max(10.0, 50 * self.cfg.period_s)
+        now = self.now()
+        for meid, rec in list(self.subscriptions.items()):
+            node = connected.get(meid)
+            if node is None or meid in self._resubscribing or now - self.last_kpm.get(meid, now) < limit:
+                continue
+            log.warning("%s: connected but silent for %.0f s; resubscribing", meid, now - self.last_kpm[meid])
+            self._resubscribing.add(meid)
+
+            async def again(node=node, rec=rec):
+                try:
+                    await self._delete_subscription(rec)
+                    await self._subscribe(node, None)
+                finally:
+                    self._resubscribing.discard(node.meid)
+                    self.last_kpm[node.meid] = self.now()
+            self._tasks.append(asyncio.ensure_future(again()))
 
     def apply_config(self, cfg: XappConfig) -> str | None:
         """Take a new, already validated config live. Site/node layout changes need a restart (refused)."""
