@@ -146,6 +146,7 @@ class XappApp:
         self._drops: dict[tuple[str, str], int] = {}
         self._pending_subs: dict[int, tuple] = {}
         self.last_kpm: dict[str, float] = {}
+        self.resubscribe_after_s: float | None = None    # None: max(10 s, 50 periods)
         self._resubscribing: set[str] = set()
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
@@ -502,7 +503,7 @@ class XappApp:
     def _resubscribe_silent(self, connected: dict[str, E2Node]) -> None:
         """A connected node that has sent no KPM for a long while (it restarted and redid E2 setup, so
         the E2 side forgot the subscription) gets a fresh subscription. Leases are long revoked by then."""
-        limit = max(10.0, 50 * self.cfg.period_s)
+        limit = self.resubscribe_after_s or max(10.0, 50 * self.cfg.period_s)
         now = self.now()
         for meid, rec in list(self.subscriptions.items()):
             node = connected.get(meid)
