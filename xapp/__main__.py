@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from xapp.appmgr import register_if_configured
+from xapp.appmgr import deregister, register_if_configured
 from xapp.config import ConfigError, load_config
 from xapp.state import StateError
 
@@ -49,6 +49,8 @@ async def serve(args) -> int:
     reg = asyncio.ensure_future(register_if_configured(x))
     await stop.wait()
     reg.cancel()
+    if reg.done() and not reg.cancelled() and reg.result():
+        await deregister()
     await x.stop()
     return 0
 

@@ -60,3 +60,20 @@ async def register_if_configured(app, env=os.environ, attempts: int = 5) -> bool
                 log.warning("appmgr registration attempt %d failed: %s", i + 1, exc)
             await asyncio.sleep(2.0 * (i + 1))
     return False
+
+
+async def deregister(env=os.environ) -> bool:
+    """POST /ric/v1/deregister (what ricxappframe's stop() does, minus its 10 s sleep)."""
+    reg = registration(env)
+    if isinstance(reg, str):
+        return False
+    url, body = reg
+    url = url.rsplit("/", 1)[0] + "/deregister"
+    try:
+        async with aiohttp.ClientSession() as s, s.post(
+                url, json={"appName": body["appName"], "appInstanceName": body["appInstanceName"]},
+                timeout=aiohttp.ClientTimeout(total=3)) as r:
+            return r.status < 300
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.warning("appmgr deregistration failed: %s", exc)
+        return False
