@@ -49,9 +49,9 @@ async def serve(args) -> int:
     reg = asyncio.ensure_future(register_if_configured(x))
     await stop.wait()
     reg.cancel()
+    await x.stop()                      # RAN first: leases are revoked before anything else
     if reg.done() and not reg.cancelled() and reg.result():
         await deregister()
-    await x.stop()
     return 0
 
 
