@@ -326,10 +326,11 @@ def run_scenario(name: str, n_periods: int, seed: int, step: StepCostModel, prog
             "ran_work_rel_error": abs(r.demand_sum - ev.demand_sum) / ev.demand_sum,
         }
     result["conservation"] = cons
-    result["_plot"] = {"demand": runs["evaluation", "envelope"].plot[:, 0].tolist(),
-                       "uncapped": ev.plot[:, 0].tolist(),
-                       "envelope": runs["evaluation", "envelope"].envelopes[:20, 0].tolist(),
-                       "lease": {arm: arms[arm][2][:20, 0].tolist() for arm in arms},
+    k = min(S, 3)  # plot the first three sites
+    result["_plot"] = {"demand": runs["evaluation", "envelope"].plot[:, :k].T.tolist(),
+                       "uncapped": ev.plot[:, :k].T.tolist(),
+                       "envelope": runs["evaluation", "envelope"].envelopes[:20, :k].T.tolist(),
+                       "lease": {arm: arms[arm][2][:20, :k].T.tolist() for arm in arms},
                        "gpu_sms": sc.sites[0].gpu_sms, "period_slots": sc.period_slots,
                        "hist": {"uncapped": ev.delay_hist.tolist(),
                                 "envelope": runs["evaluation", "envelope"].delay_hist.tolist(),

@@ -29,22 +29,26 @@ def write_plots(results: dict, out_dir: str | Path) -> list[Path]:
     for name, r in results.items():
         p = r["_plot"]
         T = p["period_slots"]
-        t = np.arange(len(p["demand"])) * SLOT_MS
-        fig, ax = plt.subplots(figsize=(10, 4))
-        ax.plot(t, p["uncapped"], lw=0.5, color="0.7", label="RAN demand, uncapped")
-        ax.plot(t, p["demand"], lw=0.6, color="C0", label="RAN demand, weaver envelope")
-        edges = np.arange(len(p["envelope"]) + 1) * T * SLOT_MS
-        env = np.array(p["envelope"], dtype=float)
-        ax.stairs(np.where(env > 0, env, np.nan), edges, color="C3", lw=1.5, label="envelope E")
-        for arm, style in (("weaver-envelope", "C2"), ("reactive", "C1"), ("oracle", "k")):
-            lease = np.array(p["lease"][arm], dtype=float)
-            ax.stairs(p["gpu_sms"] - lease, edges, color=style, lw=1, ls="--", label=f"GPU - lease ({arm})")
-        ax.set(xlabel="time (ms)", ylabel="SMs", title=f"{name}: site 0 demand vs envelope vs lease",
-               ylim=(0, p["gpu_sms"] * 1.05))
-        ax.legend(fontsize=7, loc="upper right", ncol=2)
+        n_sites = len(p["demand"])
+        fig, axes = plt.subplots(n_sites, 1, figsize=(10, 2.8 * n_sites), squeeze=False)
+        for site, ax in enumerate(axes[:, 0]):
+            t = np.arange(len(p["demand"][site])) * SLOT_MS
+            ax.plot(t, p["uncapped"][site], lw=0.5, color="0.7", label="RAN demand, uncapped")
+            ax.plot(t, p["demand"][site], lw=0.6, color="C0", label="RAN demand, weaver envelope")
+            edges = np.arange(len(p["envelope"][site]) + 1) * T * SLOT_MS
+            env = np.array(p["envelope"][site], dtype=float)
+            ax.stairs(np.where(env > 0, env, np.nan), edges, color="C3", lw=1.5, label="envelope E")
+            for arm, style in (("weaver-envelope", "C2"), ("reactive", "C1"), ("oracle", "k")):
+                lease = np.array(p["lease"][arm][site], dtype=float)
+                ax.stairs(p["gpu_sms"] - lease, edges, color=style, lw=1, ls="--", label=f"GPU - lease ({arm})")
+            ax.set(ylabel="SMs", title=f"{name}: site {site} demand vs envelope vs lease",
+                   ylim=(0, p["gpu_sms"] * 1.05))
+            if site == 0:
+                ax.legend(fontsize=7, loc="upper right", ncol=2)
+        axes[-1, 0].set_xlabel("time (ms)")
         fig.tight_layout()
         paths.append(out / f"{name}_demand_envelope_lease.png")
-        fig.savefig(paths[-1], dpi=110)
+        fig.savefig(paths[-1], dpi=100)
         plt.close(fig)
 
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
