@@ -270,16 +270,17 @@ class BudgetEnforcer:
         # The optimizer step is taken as soon as enough samples are accumulated and the budget left
         # covers its (p90) time, at whatever point of the window that is; otherwise it waits for the
         # next window, whose budget it then opens. No window carries an unused reserve.
+        # While a due step does not fit, micro-batches that still fit keep accumulating into it.
         step_time = self.step_estimate()
-        if pending_samples >= step_samples:
-            if c.safety * remaining >= step_time:
-                return StepNow(step_time)
-            if w.busy_s == 0 and remaining > 0 and self._probe_due(w):
-                # Even a whole window's budget looks too small for the step: take it now and then (as a
-                # probe) rather than never, or training would stall with its gradients pending forever.
-                self._last_probe = w.start
-                return StepNow(step_time)
-            return Idle(w.end if w.end < lease.expires_at else lease.expires_at, "budget-spent")
+        step_due = pending_samples >= step_samples
+        if step_due and c.safety * remaining >= step_time:
+            return StepNow(step_time)
+        if step_due and w.busy_s == 0 and remaining > 0 and step_time > c.safety * lease.budget_s \
+                and self._probe_due(w):
+            # Even a whole window's budget looks too small for the step: take it now and then (as a
+            # probe) rather than never, or training would stall with its gradients pending forever.
+            self._last_probe = w.start
+            return StepNow(step_time)
         plan = min(c.safety * remaining, c.max_batch_fraction * lease.period_s)
         size = self.fit.largest_within(plan, c.min_micro_batch, c.max_micro_batch)
         if not size and w.busy_s == 0 and remaining > 0 and self._probe_due(w):

@@ -228,16 +228,21 @@ def test_a_stale_slow_fit_is_re_measured_instead_of_starving_forever():
 
 
 def test_a_step_longer_than_any_budget_is_still_taken_now_and_then():
-    enf = BudgetEnforcer()
+    enf, dev = BudgetEnforcer(), AffineDevice(a=0.001, b=0.0005)
     enf.on_lease(lease(0.0, period=0.02, valid=100.0, duty=0.25, seq=1))   # 5 ms budgets
     enf.record_step(0.0, 0.008)                                              # steps take 8 ms
-    steps, now = 0, 0.02
+    steps, batches, pending, now = 0, 0, 8, 0.02
     while now < 2.0:
-        d = enf.decide(now, pending_samples=8, step_samples=8)
+        d = enf.decide(now, pending_samples=pending, step_samples=8)
         if isinstance(d, StepNow):
-            steps += 1
+            steps, pending = steps + 1, 0
             enf.record_step(now, now + 0.008)
             now += 0.008
+        elif isinstance(d, Launch):                  # micro-batches keep accumulating meanwhile
+            t = dev.micro_batch(d.size)
+            enf.record_micro_batch(d.size, now, now + t)
+            batches, pending, now = batches + 1, pending + d.size, now + t
         else:
             now = (d.until or now + 0.02) + 1e-6
     assert 1 <= steps <= 2.0 / (0.02 * 10) + 1                               # at most once per PROBE_EVERY windows
+    assert batches > 50

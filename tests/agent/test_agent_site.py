@@ -188,4 +188,6 @@ def test_periodic_checkpoints_are_written_outside_lease_windows(broker, tmp_path
         broker.renew_every_period(sm_count=1, period_ms=50, valid_for_ms=150, duty=0.5)
         assert wait(lambda: len(agent.store.list()) >= 2, timeout=30)
         broker.stop_renewing()
-    assert [c.step % 5 for c in agent.store.list()[:-1]] == [0] * (len(agent.store.list()) - 1)
+    steps = [c.step for c in agent.store.list()]
+    # due every 5 steps, written at the next idle moment (so possibly a step or two later)
+    assert all(b - a >= 5 for a, b in zip(steps[:-2], steps[1:-1], strict=True)) and steps[0] >= 5
