@@ -111,7 +111,6 @@ class Scenario:
     period_slots: int = 200
     partition: str = "green-context"
     reconfig_s: float = 0.0
-    lease_periods: int = 1
     start_hour: float = 20.0
     day_speedup: float = 1.0
     notes: dict = field(default_factory=dict, compare=False, hash=False)
