@@ -216,7 +216,7 @@ class RanModel:
                 hist[sl] += np.bincount(b.ravel(), srv.ravel(), DELAY_BINS)
         off_dl, off_ul = np.einsum("ltsc->scl", arr.dl), np.einsum("ltsc->scl", arr.ul)
         self.offered_bytes += off_dl + off_ul
-        served_dl, served_ul = dl.served, ul.served  # best-effort columns already rewritten above
+        served_dl, served_ul = dl.served, ul.served  # best-effort rows already rewritten above
         bytes_dl, bytes_ul = np.einsum("ltsc->scl", served_dl), np.einsum("ltsc->scl", served_ul)
         self.served_bytes += bytes_dl + bytes_ul
         n_dl = dl_frac.sum(axis=0)[:, None]  # (S,1) DL slot-equivalents
