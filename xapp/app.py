@@ -377,7 +377,14 @@ class XappApp:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
             ticked = self.now() >= self.state.next_tick
-            await self.tick()
+            try:
+                await self.tick()
+            except Exception:  # noqa: BLE001 - a bug must not leave leases running on a dead loop
+                log.exception("control loop step failed; revoking every lease (fail-safe)")
+                for site_id in list(self.state.sites):
+                    self.state.sites[site_id].grant_sms = 0
+                    if self.broker is not None:
+                        self.broker.revoke(site_id, "xapp-error")
             if ticked:
                 ticks += 1
                 if ticks % 50 == 0:
@@ -421,9 +428,12 @@ class XappApp:
             self.counters.controls_acked += 1
             rt = self.state.sites[c.site_id]
             caps = tuple((c.meid, q.sst, q.sd if q.sd is not None else -1, q.max_ratio) for q in c.quotas)
-            self.store.put_site(SiteRecord(site_id=c.site_id, envelope_sms=c.envelope_sms,
-                                           mode=self.node_controls[c.meid].mode if c.meid in self.node_controls
-                                           else c.kind, caps=caps, updated_unix=self.wall()))
+            try:
+                self.store.put_site(SiteRecord(site_id=c.site_id, envelope_sms=c.envelope_sms,
+                                               mode=self.node_controls[c.meid].mode if c.meid in self.node_controls
+                                               else c.kind, caps=caps, updated_unix=self.wall()))
+            except Exception as exc:  # noqa: BLE001 - SDL down: the node still holds the envelope
+                log.warning("site record not saved: %s", exc)
             rt.acked_caps = c.quotas or rt.acked_caps
         else:
             self.counters.controls_failed += 1
