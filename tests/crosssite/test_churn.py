@@ -1,6 +1,7 @@
 """Three sites on loopback (CPU, gloo, a real torchft Lighthouse): very different budgets, one site
 SIGKILLed mid-run, restarted, healed and back in the quorum. Site s2 runs two worker processes that
-reduce locally (int8 on the local hop), so its leader alone sends one aggregate per round.
+reduce locally (int8 on the local hop), so its leader alone sends one aggregate per round; the
+wide-area all-reduce runs in bf16 with error feedback.
 
 The scenario runs once (module fixture, ~30-60 s); each test checks one property of its logs.
 """
@@ -65,7 +66,7 @@ class Sites:
             [str(self.python), "-m", "agent.crosssite.site", "--site-id", site, "--lighthouse", self.lighthouse,
              "--round-ms", str(ROUND_MS), "--round-epoch-ms", str(self.epoch_ms),
              "--heartbeat-timeout-ms", str(HEARTBEAT_MS), "--duty", duty, "--rounds", "0",
-             "--data-seed", str(seed), "--timeout-s", "3", "--log", str(log), *workers],
+             "--data-seed", str(seed), "--timeout-s", "3", "--compression", "bf16", "--log", str(log), *workers],
             cwd=self.root, stdout=subprocess.DEVNULL, stderr=open(self.tmp / f"{log_name}.err", "w"),
             env={**os.environ, "OMP_NUM_THREADS": "1"})
         return log
