@@ -53,13 +53,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="5 periods (CI smoke)")
     parser.add_argument("--json", default=None, help="write results as JSON to this file")
+    parser.add_argument("--recording", default=None,
+                        help="replay captured indications instead: JSON lines as `python -m xapp.rmr listen` prints "
+                             "them (mtype 12050 lines: sub_id, meid, payload hex); KPM v3.00 assumed")
 
 
-def make_config(n_nodes: int) -> XappConfig:
+def make_config(n_nodes: int, meids: list[str] | None = None) -> XappConfig:
+    meids = meids or [f"gnb-{i}" for i in range(n_nodes)]
     return XappConfig.from_controls({
         "period_ms": PERIOD_MS, "policy": {"name": "weaver", "guard_sms": 8},
         "actuation": {"mode": "auto", "hysteresis_sms": 8},
-        "sites": [{"site_id": f"s{i}", "nodes": [f"gnb-{i}"], "gpu_sms": 132, "granularity": 8,
+        "sites": [{"site_id": f"s{i}", "nodes": [meids[i]], "gpu_sms": 132, "granularity": 8,
                    "protected_slices": [{"sst": PROTECTED[0], "sd": PROTECTED[1]}],
                    "best_effort_slices": [{"sst": BEST_EFFORT[0], "sd": BEST_EFFORT[1]}]} for i in range(n_nodes)]})
 
@@ -106,7 +110,7 @@ def record(cfg: XappConfig, periods: int, cells_per_node: int, seed: int) -> lis
             payload = encode_e2ap(RicIndication(RicRequestId(123, i + 1), 2, 1,
                                                 encode_indication_header(hdr, KpmVersion.V3_00),
                                                 encode_indication_message(msg, KpmVersion.V3_00), sn=p % 65536))
-            per_period.append((i + 1, f"gnb-{i}", payload))
+            per_period.append((i + 1, cfg.sites[i].nodes[0], payload))
         out.append(per_period)
     return out
 
@@ -148,7 +152,26 @@ class ArmResult:
         return len(self.latencies_ms) / self.cpu_s
 
 
-def _setup(cfg: XappConfig, decode) -> tuple:
+def load_recording(path: str) -> tuple[XappConfig, list[list[tuple[int, str, bytes]]]]:
+    """Captured RMR lines -> (a config with one site per node, periods of one indication per node)."""
+    per_node: dict[tuple[int, str], list[bytes]] = {}
+    with open(path) as f:
+        for line in f:
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(d, dict) and d.get("mtype") == 12050:
+                per_node.setdefault((int(d["sub_id"]), str(d["meid"])), []).append(bytes.fromhex(d["payload"]))
+    if not per_node:
+        raise SystemExit(f"weaver bench xapp: no mtype 12050 lines in {path}")
+    nodes = sorted(per_node)
+    cfg = make_config(len(nodes), meids=[m for _, m in nodes])
+    n = min(len(v) for v in per_node.values())
+    return cfg, [[(sid, meid, per_node[(sid, meid)][p]) for sid, meid in nodes] for p in range(n)]
+
+
+def _setup(cfg: XappConfig, decode, sub_ids: dict[str, int] | None = None) -> tuple:
     state = new_state(cfg, 0.0)
     rc = encode_ran_function_definition(node_ran_function_definition())
     ingest = Ingest(decode=decode)
@@ -158,12 +181,14 @@ def _setup(cfg: XappConfig, decode) -> tuple:
         node = E2Node(meid=meid, connected=True, functions=(RanFunction(ran_function_id=2, oid=KPM3, definition=b""),
                                                             RanFunction(ran_function_id=3, oid=RC_OID, definition=rc)))
         set_node(state, node_control(node, cfg.actuation))
-        ingest.add(KpmSubscription(i + 1, meid, 2, KpmVersion.V3_00, keys))
+        sub_id = sub_ids[meid] if sub_ids else i + 1
+        ingest.add(KpmSubscription(sub_id, meid, 2, KpmVersion.V3_00, keys))
     return state, ingest
 
 
 def run_arm(name: str, cfg: XappConfig, recorded, decode) -> ArmResult:
-    state, ingest = _setup(cfg, decode)
+    state, ingest = _setup(cfg, decode, {meid: sid for sid, meid, _ in recorded[0]})
+    site_of = {s.nodes[0]: s.site_id for s in cfg.sites}
     agents = frozenset(s.site_id for s in cfg.sites)
     lat, wall = [], []
     controls = 0
@@ -181,7 +206,7 @@ def run_arm(name: str, cfg: XappConfig, recorded, decode) -> ArmResult:
             stages = dict.fromkeys(stages, 0.0)
             t_start, w_start = clock(), wclock()
         for sub_id, meid, payload in period:
-            site = "s" + meid.split("-", 1)[1]
+            site = site_of[meid]
             w0 = wclock()
             t0 = clock()
             sample = ingest.indication(sub_id, meid, payload, now)
@@ -226,13 +251,19 @@ def run(args) -> int:
     periods = 5 if args.quick else args.periods
     with contextlib.suppress(AttributeError, OSError):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})    # "per core": one core, honestly
-    n_nodes = max(1, args.cells // args.cells_per_node)
-    cfg = make_config(n_nodes)
     t0 = time.perf_counter()
-    recorded = record(cfg, periods + WARMUP_PERIODS, args.cells_per_node, args.seed)
+    if args.recording:
+        cfg, recorded = load_recording(args.recording)
+        n_nodes = len(cfg.sites)
+        if len(recorded) <= WARMUP_PERIODS:
+            raise SystemExit(f"weaver bench xapp: need more than {WARMUP_PERIODS} periods in {args.recording}")
+    else:
+        n_nodes = max(1, args.cells // args.cells_per_node)
+        cfg = make_config(n_nodes)
+        recorded = record(cfg, periods + WARMUP_PERIODS, args.cells_per_node, args.seed)
     rec_s = time.perf_counter() - t0
     n_ind = sum(len(p) for p in recorded[WARMUP_PERIODS:])
-    print(f"recorded {n_ind} indications ({n_nodes} nodes x {args.cells_per_node} cells = "
+    print(f"{'replaying' if args.recording else 'recorded'} {n_ind} indications ({n_nodes} nodes x {args.cells_per_node} cells = "
           f"{n_nodes * args.cells_per_node} cells, {periods} periods, seed {args.seed}) in {rec_s:.1f} s; "
           f"payload {len(recorded[0][0][2])} B", file=sys.stderr)
     gc.collect()
@@ -273,7 +304,8 @@ def run(args) -> int:
           f">= 2000 ind/s: {'met' if targets['indications_per_s_ge_2000'] else 'MISSED'}; "
           f"bottleneck: {bottleneck}; speed-up vs reference {speedup:.2f}x")
     if args.json:
-        doc = {"bench": "xapp", "cells": n_nodes * args.cells_per_node, "nodes": n_nodes, "periods": periods,
+        doc = {"bench": "xapp", "source": args.recording or "seeded generator",
+               "cells": n_nodes * args.cells_per_node, "nodes": n_nodes, "periods": periods,
                "seed": args.seed, "payload_bytes": len(recorded[0][0][2]), "arms": res,
                "speedup_vs_reference": speedup, "ingest_split_ms": split, "bottleneck": bottleneck,
                "targets": targets, "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")

@@ -19,3 +19,23 @@ def test_bench_smoke(tmp_path, capsys):
             assert doc["arms"][arm][key] >= 0
     assert doc["bottleneck"] and "speedup_vs_reference" in doc
     assert "weaver bench xapp" in capsys.readouterr().out
+
+
+def test_bench_replays_an_rmr_capture(tmp_path):
+    """The `python -m xapp.rmr listen` line format, with another node naming scheme and sub_ids."""
+    cfg = bench.make_config(3, meids=["gnb_a", "gnb_b", "gnb_c"])
+    periods = bench.record(cfg, 4, 2, seed=1)
+    cap = tmp_path / "capture.jsonl"
+    with cap.open("w") as f:
+        f.write('{"listening": 4560}\n')
+        for period in periods:
+            for sub_id, meid, payload in period:
+                f.write(json.dumps({"mtype": 12050, "sub_id": sub_id + 40, "meid": meid,
+                                    "payload": payload.hex()}) + "\n")
+            f.write(json.dumps({"mtype": 12041, "sub_id": -1, "meid": "gnb_a", "payload": ""}) + "\n")
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    out = tmp_path / "r.json"
+    assert bench.run(p.parse_args(["--recording", str(cap), "--json", str(out)])) == 0
+    doc = json.loads(out.read_text())
+    assert doc["source"] == str(cap) and doc["nodes"] == 3 and doc["arms"]["weaver"]["indications"] == 6
