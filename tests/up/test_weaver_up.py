@@ -12,22 +12,9 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def _descendants(pid: int) -> set[int]:
-    out = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(fields[1]) == pid or int(fields[3]) == pid:  # parent pid or process group
-            out.add(int(entry))
-    return out
-
-
-def _weaver_processes() -> set[int]:
+def _processes_mentioning(text: str) -> set[int]:
+    """Processes whose command line names `text` (this run's directory: the xApp's config file and the
+    agents' checkpoint dirs live there), so that unrelated processes on the machine never count."""
     pids = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -37,13 +24,12 @@ def _weaver_processes() -> set[int]:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if "weaver-xapp" in cmd or "weaver-agent" in cmd or "torchft_lighthouse" in cmd or "xapp.__main__" in cmd:
+        if text in cmd:
             pids.add(int(entry))
     return pids
 
 
 def test_weaver_up_30s(tmp_path, repo_root):
-    before = _weaver_processes()
     summary_path = tmp_path / "s.json"
     weaver = repo_root / ".venv-xapp" / "bin" / "weaver"
     proc = subprocess.Popen([str(weaver), "up", "--duration", "30", "--json", str(summary_path),
@@ -75,5 +61,5 @@ def test_weaver_up_30s(tmp_path, repo_root):
     assert t["tokens_trained"] > 0
     assert t["val_loss_end"] < t["val_loss_start"], t
     time.sleep(1.0)
-    leftover = _weaver_processes() - before
+    leftover = _processes_mentioning(str(tmp_path))
     assert not leftover, f"processes left running: {leftover}"
