@@ -14,6 +14,8 @@ import aiohttp
 import pytest
 from xapp_harness import LeaseClient, SimBed, XappProcess, free_port, until, xapp_config
 
+from schemas.proto.weaver.v1 import lease_pb2
+
 pytestmark = pytest.mark.slow
 
 
@@ -67,6 +69,21 @@ async def _e2e(tmp, redis, python):
         assert lease.valid_for_ms == 300 and lease.period_ms == 100
         _, site = await x.get("/api/v1/sites/site-0")
         assert site["estimate_source"] == "gpu" and site["agent"] == "test-agent"
+        # what the agent reports up shows in the operator API
+        agent.outbox.put_nowait(lease_pb2.AgentMessage(usage=lease_pb2.UsageReport(
+            lease_id=lease.lease_id, sm_ms_used=1234.5, sm_ms_granted=2000.0, steps=7, tokens=4096, loss=2.5,
+            mode="gpu", window_ms=100.0)))
+        agent.outbox.put_nowait(lease_pb2.AgentMessage(transfer=lease_pb2.TransferPlan(
+            round=3, bytes=1 << 20, deadline_unix_ms=1_800_000_000_000, workers=1)))
+
+        async def reported():
+            _, s0 = await x.get("/api/v1/sites/site-0")
+            _, tr = await x.get("/api/v1/transfers")
+            return s0["usage"] and tr["transfers"] and (s0["usage"], tr["transfers"])
+        usage, transfers = await until(reported, 5, "usage and transfer plan in the REST API")
+        assert usage["sm_ms_used"] == 1234.5 and usage["tokens"] == 4096 and usage["mode"] == "gpu"
+        assert transfers == [{"site_id": "site-0", "round": 3, "bytes": 1 << 20,
+                              "deadline_unix_ms": 1_800_000_000_000, "workers": 1}]
 
         # site-0's KPM stops: the lease is revoked within one period of the staleness limit
         tb.muted.add(tb.meids[0])

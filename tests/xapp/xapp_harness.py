@@ -169,6 +169,7 @@ class LeaseClient:
     def __init__(self, port: int, site: str) -> None:
         self.port, self.site = port, site
         self.messages: list[tuple[float, lease_pb2.BrokerMessage]] = []
+        self.outbox: asyncio.Queue = asyncio.Queue()          # extra AgentMessages to send (usage, plans)
         self._task: asyncio.Task | None = None
         self.done = asyncio.Event()
 
@@ -189,9 +190,11 @@ class LeaseClient:
                     yield reg
                     seq = 0
                     while True:
-                        await asyncio.sleep(0.3)
-                        seq += 1
-                        yield lease_pb2.AgentMessage(heartbeat=lease_pb2.Heartbeat(seq=seq))
+                        try:
+                            yield await asyncio.wait_for(self.outbox.get(), 0.3)
+                        except TimeoutError:
+                            seq += 1
+                            yield lease_pb2.AgentMessage(heartbeat=lease_pb2.Heartbeat(seq=seq))
 
                 async for msg in call(up()):
                     self.messages.append((time.monotonic(), msg))
