@@ -183,10 +183,10 @@ class LeaseClient:
         welcomed = False
         out: queue.Queue = queue.Queue()
         metadata = (("authorization", f"Bearer {self.config.token}"),) if self.config.token else None
-        options = [("grpc.keepalive_time_ms", 2000), ("grpc.keepalive_timeout_ms", 2000),
-                   ("grpc.keepalive_permit_without_calls", 1)]
+        # No client keepalive pings: servers with default settings answer frequent pings with GOAWAY
+        # (too_many_pings). A silent broker is caught anyway: its leases lapse on the agent's clock.
         reason = "stream ended"
-        with grpc.insecure_channel(self.config.broker, options=options) as channel:
+        with grpc.insecure_channel(self.config.broker) as channel:
             call = lease_pb2_grpc.LeaseBrokerStub(channel).Session(self._requests(out), metadata=metadata)
             with self._lock:
                 self._call, self._out = call, out
@@ -201,7 +201,8 @@ class LeaseClient:
                     was_connected, self.connected = self.connected, False
                     self._call = self._out = None
         if was_connected or welcomed:
-            log.warning("lease stream to %s lost: %s", self.config.broker, reason)
+            if not self._stop.is_set():
+                log.warning("lease stream to %s lost: %s", self.config.broker, reason)
             self._events.put(Disconnected(self.clock(), reason))
         return welcomed
 

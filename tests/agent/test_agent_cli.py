@@ -103,6 +103,7 @@ def test_forced_checkpoint_and_clean_shutdown(running_agent):
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert Path(rep["path"]).exists() and Path(rep["path"]).parent == running_agent["ckpt"]
+    assert running_agent["broker"].sessions == 1          # one stream held for the whole module, no reconnects
     proc = running_agent["proc"]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
