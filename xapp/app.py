@@ -348,6 +348,7 @@ class XappApp:
                 site = self.cfg.site_of(msg.meid)
                 if site is not None:
                     self.site_tally(site.site_id).kpm_indications += 1
+                return          # samples wait for the period tick; only control replies wake the loop
             except IngestError as exc:
                 key = (exc.kind, msg.meid)
                 n = self._drops[key] = self._drops.get(key, 0) + 1
