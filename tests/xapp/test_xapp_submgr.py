@@ -165,3 +165,33 @@ def test_missing_notification_times_out():
 
     with pytest.raises(SubmgrError, match="no notification"):
         asyncio.run(_with_fake(fake, body))
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                        st.sampled_from(["SubscriptionId", "SubscriptionInstances", "XappEventInstanceId",
+                                         "E2EventInstanceId", "ErrorCause", "ErrorSource", "x"]), inner, max_size=5),
+                    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON)
+def test_fuzz_notification_bodies_parse_or_raise_submgr_error(doc):
+    try:
+        parse_subscription_response(doc)
+    except SubmgrError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=120))
+def test_fuzz_control_replies_parse_or_raise_value_error(data):
+    from xapp.actuate import parse_control_reply
+
+    try:
+        parse_control_reply(data)
+    except ValueError:           # E2DecodeError is a ValueError
+        pass
