@@ -149,6 +149,19 @@ def build_config(args):
     return cfg
 
 
+def _listen(serve, agent, addr: str, explicit: bool):
+    """Bind `addr`; when it is only the default and taken (a second agent on this host), take any free
+    port instead - the startup line says which."""
+    try:
+        return serve(agent, addr)
+    except OSError as exc:
+        if explicit:
+            raise
+        host = addr.rpartition(":")[0]
+        logging.getLogger("weaver.agent").warning("%s; listening on a free port instead", exc)
+        return serve(agent, f"{host}:0")
+
+
 def cmd_run(args) -> int:
     from agent.inspect_service import serve_inspect
     from agent.metrics import serve_metrics
@@ -161,8 +174,9 @@ def cmd_run(args) -> int:
         print(f"weaver-agent: bad configuration: {exc}", file=sys.stderr)
         return 2
     agent = SiteAgent(cfg)
-    server, addr = serve_inspect(agent, cfg.inspect_addr)
-    metrics, metrics_addr = serve_metrics(agent, cfg.metrics_addr) if cfg.metrics_addr else (None, "off")
+    server, addr = _listen(serve_inspect, agent, cfg.inspect_addr, explicit=args.inspect_addr is not None)
+    metrics, metrics_addr = (_listen(serve_metrics, agent, cfg.metrics_addr, explicit=args.metrics_addr is not None)
+                             if cfg.metrics_addr else (None, "off"))
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())
     signal.signal(signal.SIGINT, lambda *_: agent.stop())
     d = agent.device

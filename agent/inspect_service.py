@@ -50,10 +50,15 @@ def serve_inspect(agent: SiteAgent, addr: str = "127.0.0.1:0") -> tuple[grpc.Ser
     host, _, port = addr.rpartition(":")
     if host not in ("127.0.0.1", "localhost", "::1", "[::1]"):
         raise ValueError(f"the inspection service listens on localhost only, got {addr!r}")
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="inspect"))
+    # so_reuseport off: a second agent on the same port must fail to bind, not silently share it.
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="inspect"),
+                         options=[("grpc.so_reuseport", 0)])
     lease_pb2_grpc.add_AgentInspectServicer_to_server(AgentInspectService(agent), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:   # grpc raises instead of returning 0 in some versions
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot listen on {addr}")
+        raise OSError(f"cannot listen on {addr} (in use?)")
     server.start()
     return server, f"{host}:{bound}"

@@ -126,3 +126,25 @@ def test_bad_config_is_refused(tmp_path):
     cfg.write_text(json.dumps({"trian": {}}))
     r = cli("run", "--config", str(cfg))
     assert r.returncode == 2 and "unknown keys" in r.stderr
+
+
+def test_inspection_port_in_use_is_refused_not_shared(tmp_path):
+    from dataclasses import replace
+
+    from agent.config import tiny_cpu
+    from agent.inspect_service import serve_inspect
+    from agent.monitors import cpu_facts
+    from agent.site_agent import SiteAgent
+    agent = SiteAgent(replace(tiny_cpu(), checkpoint_dir=str(tmp_path)), device=cpu_facts(1))
+    first, addr = serve_inspect(agent, "127.0.0.1:0")
+    try:
+        with pytest.raises(OSError, match="cannot listen"):
+            serve_inspect(agent, addr)
+        from agent.cli import _listen
+        with pytest.raises(OSError):                                  # asked for explicitly: an error
+            _listen(serve_inspect, agent, addr, explicit=True)
+        second, addr2 = _listen(serve_inspect, agent, addr, explicit=False)   # only the default: any free port
+        assert addr2 != addr
+        second.stop(0)
+    finally:
+        first.stop(0)
