@@ -77,6 +77,28 @@ def check_usage(u: lease_pb2.UsageReport) -> None:
         raise BadRequest("usage.lease_id: required, at most 128 characters")
 
 
+@dataclass(frozen=True)
+class UsageSample:
+    """One UsageReport as received (`t`: broker's monotonic seconds)."""
+    t: float
+    sm_ms_used: float
+    sm_ms_granted: float
+    overrun_ms: float
+    steps: int
+    tokens: int
+    loss: float
+    mode: str
+    window_ms: float
+    val_loss: float
+    device: str
+    mode_reason: str = ""
+
+    @property
+    def used_sms(self) -> float | None:
+        """Mean SMs in use over the report window (SM·ms / ms); None without a window."""
+        return self.sm_ms_used / self.window_ms if self.window_ms > 0 else None
+
+
 @dataclass
 class AgentState:
     reg: Registration
@@ -110,6 +132,7 @@ class AgentBook:
         self.leases: dict[str, LeaseIssued] = {}        # site -> current (last issued) lease
         self.seq: dict[str, int] = {}
         self.used_sm_ms: dict[str, float] = {}          # site -> SM·ms the agents reported using, this run
+        self.gpu_sms: dict[str, int] = {}               # site -> SMs of the site GPU the leases are cut from
         self._sessions = 0
 
     # connections
@@ -146,6 +169,7 @@ class AgentBook:
     def issue(self, site_id: str, sm_count: int, gpu_sms: int, reason: str, now_unix: float) -> LeaseIssued:
         seq = self.seq.get(site_id, 0) + 1
         self.seq[site_id] = seq
+        self.gpu_sms[site_id] = gpu_sms
         valid_ms = self.period_ms * self.valid_periods
         lease = lease_pb2.Lease(
             lease_id=f"{site_id}.{self.epoch}.{seq}", site_id=site_id, sm_count=sm_count, period_ms=self.period_ms,
@@ -166,7 +190,13 @@ class AgentBook:
         prefix = f"{site_id}.{self.epoch}."
         if not u.lease_id.startswith(prefix):
             return False
-        a.usage.append((now, u.sm_ms_used, u.sm_ms_granted, u.overrun_ms, u.steps, u.tokens, u.loss, u.mode))
+        a.usage.append(UsageSample(now, u.sm_ms_used, u.sm_ms_granted, u.overrun_ms, u.steps, u.tokens, u.loss, u.mode,
+                                   u.window_ms, u.val_loss, u.device, getattr(u, "mode_reason", "")))
         a.reports += 1
-        self.used_sm_ms[site_id] = self.used_sm_ms.get(site_id, 0.0) + u.sm_ms_used
+        # A CPU agent (testbed, CI) stands in for the site GPU: its duty cycle over all its cores maps to the
+        # lease's share of the GPU, so its core·ms convert to site SM·ms at gpu_sms / cores.
+        scale = 1.0
+        if a.reg.kind == "cpu" and a.reg.sm_count > 0 and self.gpu_sms.get(site_id):
+            scale = self.gpu_sms[site_id] / a.reg.sm_count
+        self.used_sm_ms[site_id] = self.used_sm_ms.get(site_id, 0.0) + u.sm_ms_used * scale
         return True

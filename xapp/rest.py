@@ -102,9 +102,11 @@ def site_view(x: XappApp, site_id: str) -> dict:
     agent = x.broker.book.agents.get(site_id) if x.broker else None
     usage = None
     if agent is not None and agent.usage:
-        t, used, granted, overrun, steps, tokens, loss, mode = agent.usage[-1]
-        usage = {"sm_ms_used": used, "sm_ms_granted": granted, "overrun_ms": overrun, "steps": steps,
-                 "tokens": tokens, "loss": _num(loss), "mode": mode, "age_s": round(now - t, 3)}
+        u = agent.usage[-1]
+        usage = {"sm_ms_used": u.sm_ms_used, "sm_ms_granted": u.sm_ms_granted, "overrun_ms": u.overrun_ms,
+                 "steps": u.steps, "tokens": u.tokens, "loss": _num(u.loss), "val_loss": _num(u.val_loss),
+                 "mode": u.mode, "mode_reason": u.mode_reason, "device": u.device, "window_ms": u.window_ms,
+                 "used_sms": _num(u.used_sms), "age_s": round(now - u.t, 3)}
     lease = x.broker.book.leases.get(site_id) if x.broker else None
     v = rt.last_view
     est = rt.last_estimate

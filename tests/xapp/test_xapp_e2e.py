@@ -82,6 +82,7 @@ async def _e2e(tmp, redis, python):
             return s0["usage"] and tr["transfers"] and (s0["usage"], tr["transfers"])
         usage, transfers = await until(reported, 5, "usage and transfer plan in the REST API")
         assert usage["sm_ms_used"] == 1234.5 and usage["tokens"] == 4096 and usage["mode"] == "gpu"
+        assert usage["used_sms"] == 12.345 and usage["window_ms"] == 100.0
         assert transfers == [{"site_id": "site-0", "round": 3, "bytes": 1 << 20,
                               "deadline_unix_ms": 1_800_000_000_000, "workers": 1}]
 
