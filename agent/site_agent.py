@@ -163,7 +163,9 @@ class SiteAgent:
         t.samples_seen, t.tokens_seen = pos, tokens
 
     def run(self, max_seconds: float | None = None) -> None:
-        self.resume()
+        if self.resume() is None and self.config.train.eval_every:
+            # a fresh run validates the untrained model first, so the loss curve has its true start
+            self._evaluating, self._eval_sum = self.config.train.eval_samples, 0.0
         self.warm_up()
         self.client.start()
         deadline = None if max_seconds is None else self.clock() + max_seconds

@@ -269,7 +269,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             argv = [str(venv_python(".venv-agent")), "-m", "agent.cli", "run", "--broker", f"{cfg.host}:{ports['broker']}",
                     "--site-id", site_name(i), "--agent-id", f"agent-{i}", "--preset", cfg.agent_preset,
                     "--checkpoint-dir", str(run_dir / f"agent-{i}"), "--inspect-addr", f"{cfg.host}:0",
-                    "--metrics-addr", f"{cfg.host}:0"]
+                    "--metrics-addr", f"{cfg.host}:0", "--mode", "gpu", "--cores", "1"]  # train only under leases, never unleased
             sup.start(f"agent:{i}", argv, env={"PYTHONPATH": str(ROOT)})
         for i in range(cfg.sites):
             m = await asyncio.to_thread(sup.get(f"agent:{i}").wait_for_line, r"inspect on (\S+)", 120)
