@@ -11,8 +11,10 @@ Measurement discipline (architecture.md):
   shaping (none, envelope, quota), every knob value evaluated exactly.
 - Absolute numbers beside ratios; load regime (measured) and partition mechanism stated.
 - Usable spare per lease: min(grant, SMs above the lease's highest per-slot RAN demand, rounded down to
-  the granularity) x time, counted after the partition's reconfiguration latency (during it only the
-  smaller of the old and new partitions runs) and only for spans of at least one training quantum.
+  the granularity) x time, in runs of one partition size counted as compute-and-training-facts.md
+  section 4.1 defines them: a run of length D at level S gives S * (D - L) if D >= q + L, else nothing
+  (L = the mechanism's reconfiguration latency, q = one training quantum). Green contexts: L = 0; MPS:
+  L = 0.3 s, so a grant that changes every 100 ms period is never usable.
 - Used: the agent's step-cost model (`testbed.model.training`) inside each lease window.
 - Conservation: after a drain phase, served bytes per slice equal the uncapped run's; total RAN work
   (sum of per-slot demand) equals the uncapped run's, so total spare is unchanged.
@@ -206,31 +208,24 @@ def account(grants: np.ndarray, run: RunRecord, scenario: Scenario, step: StepCo
     overload = int((run.demand > gpu[None, None, :]).sum())
     headroom = np.floor(np.maximum(gpu[None, :] - run.period_max, 0) / gran[None, :] + 1e-9) * gran[None, :]
     usable = used = 0.0
+    q = step.quantum_s
     for s in range(S):
-        prev = 0
-        low = 0
-        busy_until = -1.0  # absolute time until which only `low` SMs run (reconfiguration)
-        for p in range(P):
-            g = int(grants[p, s])
-            t0 = p * D
-            if g != prev:
-                if L > 0:
-                    low = min(low if t0 < busy_until else prev, g)
-                    busy_until = t0 + L
-                prev = g
-            segments = []
-            if L > 0 and t0 < busy_until:
-                first = min(D, busy_until - t0)
-                segments.append((low, first, True))
-                if D - first > 0:
-                    segments.append((g, D - first, False))
-            else:
-                segments.append((g, D, True))
-            for level, length, continuing in segments:
-                if level <= 0 or (not continuing and length < step.quantum_s):
+        g_s = grants[:, s]
+        # Runs of one partition size (facts section 4.1): a run of length D_run at level g gives
+        # g * (D_run - L) if D_run >= q + L, else nothing; the first L of every run is reconfiguration.
+        starts = np.flatnonzero(np.diff(g_s, prepend=-1))
+        ends = np.append(starts[1:], P)
+        for p0, p1 in zip(starts, ends, strict=True):
+            g = int(g_s[p0])
+            if g <= 0 or (p1 - p0) * D < q + L:
+                continue
+            ready = p0 * D + L  # the partition exists from here on
+            for p in range(p0, p1):
+                length = min(D, (p + 1) * D - ready)
+                if length <= 0:
                     continue
-                usable += min(level, headroom[p, s]) * length
-                used += level * step.busy_s(length)
+                usable += min(g, headroom[p, s]) * length
+                used += g * step.busy_s(length)
     granted = float(grants.sum() * D)
     spare = float((gpu[None, None, :] - run.demand).clip(0).sum() * 0.0005)
     n = P * T * S

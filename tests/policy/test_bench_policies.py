@@ -67,5 +67,7 @@ def test_accounting_counts_misses_usable_and_reconfiguration_exactly():
     assert res.used_sm_s == pytest.approx((24 + 24 + 16) * step.busy_s(0.1))
     slow = type(sc1)(**{**sc1.__dict__, "reconfig_s": 0.15})
     res = bench.account(grants, run, slow, step)
-    # 0 -> 24 at period 1: nothing usable for 0.15 s (min(0, 24) = 0); 24 -> 16 at period 3: 16 throughout.
-    assert res.usable_spare_sm_s == pytest.approx(0 + 8 * 0.05 + 16 * 0.1)
+    # Runs: 24 SMs for 0.2 s (>= q + L: usable after its first 0.15 s, when the period-2 peak leaves 8 SMs);
+    # 16 SMs for 0.1 s (< q + L = 0.177 s: never usable).
+    assert res.usable_spare_sm_s == pytest.approx(8 * 0.05)
+    assert res.used_sm_s == pytest.approx(24 * step.busy_s(0.05))
