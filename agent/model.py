@@ -115,7 +115,8 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        # reshape, not view: a user Dataset may hand over non-contiguous targets (slices of a window)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
 
     def flops_per_token(self) -> float:
