@@ -29,6 +29,7 @@ from e2sm.kpm import (
     MeasInfo,
     MeasLabel,
     Snssai,
+    decode_ran_function_description,
     encode_action_definition,
     encode_event_trigger,
     kpm_version_from_oid,
@@ -92,14 +93,29 @@ def _log_task_death(task: asyncio.Task) -> None:
         log.error("background task %s died", task.get_coro().__qualname__, exc_info=task.exception())
 
 
-def kpm_measurements(cfg: XappConfig, site_id: str) -> tuple[MeasInfo, ...]:
+def kpm_measurements(cfg: XappConfig, site_id: str, supported: frozenset[str] | None = None) -> tuple[MeasInfo, ...]:
     """What we ask every node of a site for: the configured names, plus per-slice PRB counters of the
-    site's declared slices (quota sizing needs the best-effort share)."""
+    site's declared slices (quota sizing needs the best-effort share). `supported`: the names the node's
+    RAN function description lists for report style 1 (None = unknown: ask for everything)."""
     site = cfg.site(site_id)
-    out = [MeasInfo(n) for n in cfg.e2.kpm_measurements]
-    for s in (*site.protected_slices, *site.best_effort_slices):
-        out.append(MeasInfo("RRU.PrbUsedDl", (MeasLabel(Snssai(s.sst, s.sd)),)))
+    ok = (lambda n: True) if not supported else (lambda n: n in supported or f"{n}.SNSSAI" in supported)
+    out = [MeasInfo(n) for n in cfg.e2.kpm_measurements if ok(n)]
+    if ok("RRU.PrbUsedDl"):
+        for s in (*site.protected_slices, *site.best_effort_slices):
+            out.append(MeasInfo("RRU.PrbUsedDl", (MeasLabel(Snssai(s.sst, s.sd)),)))
     return tuple(out)
+
+
+def supported_measurements(definition: bytes, version: KpmVersion) -> frozenset[str] | None:
+    """Measurement names of report style 1 in a KPM RAN function description; None if unreadable."""
+    if not definition:
+        return None
+    try:
+        desc = decode_ran_function_description(definition, version)
+    except (E2DecodeError, ValueError):
+        return None
+    style = desc.report_style(1)
+    return frozenset(style.meas_names) if style is not None and style.meas_names else None
 
 
 def _same_subscription(d: object, rec: SubscriptionRecord) -> bool:
@@ -228,7 +244,13 @@ class XappApp:
         version = {"v2.03": KpmVersion.V2_03, "v3.00": KpmVersion.V3_00}[override] if override else \
             kpm_version_from_oid(kpm.oid)
         site = self.cfg.site_of(node.meid)
-        meas = kpm_measurements(self.cfg, site.site_id)
+        supported = supported_measurements(kpm.definition, version)
+        meas = kpm_measurements(self.cfg, site.site_id, supported)
+        if not meas:
+            raise SubmgrError(f"{node.meid} supports none of the configured KPM measurements")
+        if supported is not None and len(meas) < len(kpm_measurements(self.cfg, site.site_id)):
+            log.info("%s: asking for %s (the rest is not in its RAN function description)", node.meid,
+                     ", ".join(str(m.name) for m in meas))
         trigger = encode_event_trigger(KpmEventTrigger(self.cfg.period_ms), version)
         action = encode_action_definition(KpmActionDefinition(1, ActionDefFormat1(meas, self.cfg.period_ms)), version)
         spec = SubscriptionSpec(meid=node.meid, ran_function_id=kpm.ran_function_id, xapp_event_instance_id=xid,
@@ -267,7 +289,12 @@ class XappApp:
 
     async def _subscribe(self, node: E2Node, old: SubscriptionRecord | None) -> None:
         xid = sum(node.meid.encode()) % 60000 + 1
-        spec, version, meas = self._spec(node, xid)
+        try:
+            spec, version, meas = self._spec(node, xid)
+        except SubmgrError as exc:
+            self.subscribe_errors[node.meid] = str(exc)
+            log.warning("%s: cannot subscribe: %s", node.meid, exc)
+            return
         keys = tuple(meas_key(m.name, m.labels[0]) for m in meas)
         if old is not None and old.e2_event_instance_id and old.ran_function_id == spec.ran_function_id \
                 and old.period_ms == self.cfg.period_ms and old.kpm_version == version.name:

@@ -97,3 +97,24 @@ def test_appmgr_registration_needs_the_platform(tmp_path):
     assert body["appName"] == "weaver-7f9" and body["appInstanceName"] == "weaver" and body["appVersion"] == "0.1.0"
     assert body["httpEndpoint"] == "10.0.0.5:8080" and body["rmrEndpoint"] == "10.0.0.5:4560"
     assert json.loads(body["config"])["name"] == "weaver"
+
+
+def test_kpm_request_follows_the_nodes_ran_function_description():
+    from e2sm.kpm import (
+        KpmRanFunctionDescription,
+        KpmReportStyle,
+        KpmVersion,
+        ReportableMeas,
+        encode_ran_function_description,
+    )
+    from xapp.app import kpm_measurements, supported_measurements
+
+    cfg = XappConfig.from_controls(controls())
+    desc = KpmRanFunctionDescription(report_styles=(KpmReportStyle(1, "E2 Node Measurement", 1, tuple(
+        ReportableMeas(n) for n in ("RRU.PrbUsedDl", "RRU.PrbAvailDl", "DRB.UEThpDl"))),))
+    supported = supported_measurements(encode_ran_function_description(desc, KpmVersion.V3_00), KpmVersion.V3_00)
+    assert supported == {"RRU.PrbUsedDl", "RRU.PrbAvailDl", "DRB.UEThpDl"}
+    names = [(m.name, m.labels[0].snssai) for m in kpm_measurements(cfg, "site-a", supported)]
+    assert [n for n, _ in names] == ["RRU.PrbUsedDl", "RRU.PrbAvailDl", "DRB.UEThpDl", "RRU.PrbUsedDl", "RRU.PrbUsedDl"]
+    assert len(kpm_measurements(cfg, "site-a", None)) == 7          # unknown: ask for everything configured
+    assert supported_measurements(b"\xff\x00", KpmVersion.V3_00) is None
