@@ -89,21 +89,22 @@ def step_fit(torch, trainer, timer, sizes) -> dict:
 
 
 def green_switch(torch, sms: int) -> dict:
-    from torch.cuda.green_contexts import GreenContext
-    out, ctxs = {"create_ms": {}}, {}
+    from agent.partition import create_green_context, green_scope
+    out, ctxs = {"create_ms": {}, "has_stream_api": None}, {}
     for n in sorted({8, 16, 32, 64, (sms // 2) // 8 * 8, (sms - 8) // 8 * 8}):
         if 0 < n < sms:
             t0 = time.perf_counter()
-            ctxs[n] = GreenContext.create(num_sms=n, device_id=0)
-            ctxs[n].Stream()
+            ctxs[n] = create_green_context(n)
             out["create_ms"][n] = round((time.perf_counter() - t0) * 1e3, 3)
+    out["has_stream_api"] = all(hasattr(c, "Stream") for c in ctxs.values())
     x = torch.randn(256, 256, device="cuda")
-    streams = [c.Stream() for c in ctxs.values()]
+    streams = [c.Stream() if hasattr(c, "Stream") else None for c in ctxs.values()]
+    contexts = list(ctxs.values())
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     n = 2000
     for i in range(n):
-        with torch.cuda.stream(streams[i % len(streams)]):
+        with green_scope(contexts[i % len(contexts)], streams[i % len(streams)]):
             x.add_(1.0)
     torch.cuda.synchronize()
     out["switch_plus_launch_us"] = round((time.perf_counter() - t0) / n * 1e6, 2)
@@ -116,19 +117,18 @@ def green_switch(torch, sms: int) -> dict:
 
 
 def sm_share(torch, sms: int, seconds_per_size: float = 1.0) -> dict:
-    from torch.cuda.green_contexts import GreenContext
+    from agent.partition import create_green_context, green_scope
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     timer = Timer(torch, True)
 
-    def tflops(stream=None) -> float:
+    def tflops(green=None) -> float:
         reps = 10
 
         def work():
             for _ in range(reps):
                 torch.mm(a, b)
-        ctx = torch.cuda.stream(stream) if stream is not None else _null()
-        with ctx:
+        with green_scope(green) if green is not None else _null():
             work()                                      # warm-up on this stream
             torch.cuda.synchronize()
             best, t_end = 0.0, time.monotonic() + seconds_per_size
@@ -140,8 +140,7 @@ def sm_share(torch, sms: int, seconds_per_size: float = 1.0) -> dict:
     full = tflops()
     rows = []
     for n in [s for s in (16, 32, 48, 64, 96, 128) if s < sms]:
-        ctx = GreenContext.create(num_sms=n, device_id=0)
-        got = tflops(ctx.Stream())
+        got = tflops(create_green_context(n))
         rows.append({"sms": n, "sm_share": round(n / sms, 3), "throughput_share": round(got / full, 3),
                      "tflops": round(got, 1), "adherence": round((got / full) / (n / sms), 3)})
     return {"full_device_tflops": round(full, 1), "partitions": rows}

@@ -19,9 +19,33 @@ def green_supported() -> bool:
     try:
         import torch
         from torch.cuda import green_contexts
-        return bool(green_contexts.SUPPORTED) and torch.cuda.is_available()
+        built = getattr(green_contexts, "SUPPORTED", hasattr(torch._C, "_CUDAGreenContext"))
+        return bool(built) and torch.cuda.is_available()
     except Exception:   # no CUDA build, no driver: simply unsupported
         return False
+
+
+def create_green_context(num_sms: int, device_id: int = 0):
+    from torch.cuda.green_contexts import GreenContext
+    return GreenContext.create(num_sms=num_sms, device_id=device_id)
+
+
+@contextlib.contextmanager
+def green_scope(ctx, stream=None):
+    """Run the enclosed work in green context `ctx`: on its stream where torch offers one (2.12+),
+    else by making it the current context (torch 2.10/2.11 expose only set_context/pop_context)."""
+    import torch
+    if stream is None and hasattr(ctx, "Stream"):
+        stream = ctx.Stream()
+    if stream is not None:
+        with torch.cuda.stream(stream):
+            yield
+        return
+    ctx.set_context()
+    try:
+        yield
+    finally:
+        ctx.pop_context()
 
 
 class GreenContextPool:
@@ -42,29 +66,29 @@ class GreenContextPool:
         return (sm_count // self.granularity) * self.granularity
 
     def stream(self, sm_count: int):
-        """The green-context stream for a lease, or None (use the default stream, duty cycle only)."""
+        """The green context for a lease, or None (default stream, duty cycle only)."""
         if not self.enabled:
             return None
         size = self.size_for(sm_count)
         if size <= 0 or size >= self.device_sms or size in self.failed:
             return None
-        if size not in self._streams:
-            from torch.cuda.green_contexts import GreenContext
+        if size not in self._contexts:
             try:
-                ctx = GreenContext.create(num_sms=size, device_id=self.device_id)
-                self._contexts[size], self._streams[size] = ctx, ctx.Stream()
+                ctx = create_green_context(size, self.device_id)
+                self._contexts[size] = ctx
+                self._streams[size] = ctx.Stream() if hasattr(ctx, "Stream") else None
             except Exception as exc:   # e.g. driver too old for this size: fall back to the duty cycle
                 self.failed[size] = f"{type(exc).__name__}: {exc}"
                 log.warning("green context of %d SMs unavailable: %s", size, exc)
                 return None
-        return self._streams[size]
+        return self._contexts[size]
 
     @contextlib.contextmanager
     def scope(self, sm_count: int):
-        s = self.stream(sm_count)
-        if s is None:
+        ctx = self.stream(sm_count)
+        if ctx is None:
             yield self.device_sms
             return
-        import torch
-        with torch.cuda.stream(s):
-            yield self.size_for(sm_count)
+        size = self.size_for(sm_count)
+        with green_scope(ctx, self._streams[size]):
+            yield size
