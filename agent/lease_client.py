@@ -112,7 +112,8 @@ class LeaseClient:
                 self._out.put(_STOP)
             if self._call is not None:
                 self._call.cancel()
-        self._thread.join(timeout)
+        if self._thread.is_alive():   # stop() before start() is a no-op, not an error
+            self._thread.join(timeout)
 
     # --- trainer side ----------------------------------------------------------------------------
     def poll(self, timeout: float = 0.0) -> list[Event]:
