@@ -163,9 +163,9 @@ def _listen(serve, agent, addr: str, explicit: bool):
 
 
 def cmd_run(args) -> int:
+    from agent.crosssite.agent import CrossSiteAgent
     from agent.inspect_service import serve_inspect
     from agent.metrics import serve_metrics
-    from agent.site_agent import SiteAgent
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -173,7 +173,7 @@ def cmd_run(args) -> int:
     except ValueError as exc:
         print(f"weaver-agent: bad configuration: {exc}", file=sys.stderr)
         return 2
-    agent = SiteAgent(cfg)
+    agent = CrossSiteAgent(cfg)   # SiteAgent until the lease stream names a Lighthouse
     server, addr = _listen(serve_inspect, agent, cfg.inspect_addr, explicit=args.inspect_addr is not None)
     metrics, metrics_addr = (_listen(serve_metrics, agent, cfg.metrics_addr, explicit=args.metrics_addr is not None)
                              if cfg.metrics_addr else (None, "off"))

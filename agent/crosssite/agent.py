@@ -1,0 +1,197 @@
+"""The site agent with the cross-site tier: SiteAgent's lease loop, inside time-boxed rounds.
+
+As torchtitan's FaultTolerantTrainer subclasses its Trainer, `CrossSiteAgent` subclasses `SiteAgent`
+and changes one thing. Once the lease stream has delivered a `CrossSiteConfig` naming a Lighthouse,
+each pass of the agent loop is one `CrossSiteTier.run_round`, whose local work is the ordinary leased
+iterations (lease events, micro-batches, optimizer steps, usage reports) until the round's work
+deadline. The tier then combines the sites' updates and resets the model to the committed global
+weights. Without that config (or when the coordinator clears it) it is exactly a SiteAgent.
+
+Leases stay the only thing that lets it compute: with no lease the work phase idles on lease events
+until the deadline and the round contributes zero tokens, but the site stays in the quorum. The
+tokens a round reports are those of samples whose gradients entered an optimizer step this round;
+gradients still pending at the deadline belong to weights the round is about to replace, so they
+are dropped and not counted.
+
+The tier's blocking phases (quorum, all-reduces, the wait for the next boundary) run no training,
+so a lease held meanwhile is unused, never overrun: that is the transfer window's cost.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections import deque
+
+from agent.crosssite.rounds import LocalWork
+from agent.crosssite.tier import CrossSiteTier, RoundRecord, TierConfig, lease_stream_callbacks
+from agent.enforcer import Launch
+from agent.modes import GPU
+from agent.site_agent import IDLE_TICK_S, SiteAgent
+
+log = logging.getLogger("weaver.agent.crosssite")
+
+
+class _WorkFailed(Exception):
+    """Training itself raised inside a round: not a tier failure, so it is not swallowed."""
+
+
+class CrossSiteAgent(SiteAgent):
+    def __init__(self, config, **kw):
+        super().__init__(config, **kw)
+        self.tier: CrossSiteTier | None = None
+        self.tier_config: TierConfig | None = None
+        self.rounds: deque[RoundRecord] = deque(maxlen=256)
+        self.tier_failures = 0
+        self._bad_config: str = ""
+        self._retry_at = -math.inf
+        self._stop_at: float | None = None
+        self._round_end: float | None = None   # agent clock; set only during a round's work phase
+        self._round_full = False                # the next micro-batch would overrun the work deadline
+
+    # --- the loop: one round per pass while the tier is on --------------------------------------
+    def run(self, max_seconds: float | None = None) -> None:
+        self._stop_at = None if max_seconds is None else self.clock() + max_seconds
+        try:
+            super().run(max_seconds)
+        finally:
+            self._close_tier()
+
+    def _leased_iteration(self) -> None:
+        if self._current_tier() is None:
+            super()._leased_iteration()
+        else:
+            self._round()
+
+    def _fallback_iteration(self) -> None:
+        if self._current_tier() is None:
+            super()._fallback_iteration()
+        else:
+            self._round()
+
+    def _stopping(self) -> bool:
+        return self.stop_event.is_set() or (self._stop_at is not None and self.clock() >= self._stop_at)
+
+    # --- tier lifecycle -------------------------------------------------------------------------
+    def _wanted_config(self) -> TierConfig | None:
+        msg = self.cross_site
+        if msg is None or not msg.lighthouse_addr:
+            return None
+        round_s = max(msg.round_ms, 50) / 1000.0
+        try:
+            # A dead Lighthouse or peer must not block the lease loop for long: bound the quorum
+            # wait to a few rounds (it legitimately waits up to the join timeout, 1.5 rounds).
+            return TierConfig.from_proto(msg, self.config.lease.site_id, timeout_s=max(10.0, 2 * round_s),
+                                         quorum_timeout_s=max(10.0, 3 * round_s))
+        except ValueError as exc:
+            if str(exc) != self._bad_config:
+                self._bad_config = str(exc)
+                log.warning("cross-site config refused, training alone: %s", exc)
+            return None
+
+    def _current_tier(self) -> CrossSiteTier | None:
+        """The tier for the coordinator's current config, (re)built between rounds; None = train alone."""
+        wanted = self._wanted_config()
+        if wanted != self.tier_config:
+            self._close_tier()
+            self.tier_config = wanted
+            self._retry_at = -math.inf
+        if wanted is None:
+            return None
+        if self.tier is None:
+            if self.clock() < self._retry_at:
+                return None
+            on_plan, _ = lease_stream_callbacks(self.client)
+            try:
+                self.tier = CrossSiteTier(self.trainer.model, wanted, on_transfer_plan=on_plan,
+                                          on_round=self._on_round)
+            except Exception as exc:  # noqa: BLE001 - torchft start-up: retry next round, train alone meanwhile
+                self._tier_failed(f"could not join {wanted.lighthouse_addr}", exc, wanted.round_s)
+                return None
+            # validation follows committed rounds (global weights), not local optimizer steps
+            self._next_eval_step = math.inf
+            log.info("cross-site tier on: lighthouse %s, rounds of %d ms", wanted.lighthouse_addr, wanted.round_ms)
+        return self.tier
+
+    def _close_tier(self) -> None:
+        tier, self.tier = self.tier, None
+        if tier is not None:
+            tier.close()
+            c = self.config.train
+            self._next_eval_step = self.trainer.step + c.eval_every if c.eval_every else 0
+            log.info("cross-site tier off")
+
+    def _tier_failed(self, what: str, exc: Exception, round_s: float) -> None:
+        self.tier_failures += 1
+        log.warning("cross-site: %s: %s: %s; training alone for a round", what, type(exc).__name__, exc)
+        self._close_tier()
+        self._retry_at = self.clock() + round_s
+
+    # --- one round --------------------------------------------------------------------------------
+    def _round(self) -> None:
+        if self._stopping():   # no new round once stopping; the base loop ends within a tick
+            self._handle(self.client.poll(IDLE_TICK_S))
+            return
+        tier = self.tier
+        try:
+            tier.run_round(self._local_work)
+        except _WorkFailed as exc:
+            raise exc.__cause__ from None
+        except Exception as exc:  # noqa: BLE001 - quorum / collective failures: the next round retries
+            self._tier_failed("round failed", exc, tier.config.round_s)
+
+    def _local_work(self, deadline_unix_s: float) -> LocalWork:
+        """The lease loop until the round's work deadline (unix s, converted to the agent's clock)."""
+        t = self.trainer
+        end = self.clock() + (deadline_unix_s - time.time())
+        samples0, step0 = t.samples_seen, t.step
+        self._round_end, self._round_full = end, False
+        try:
+            while not self._stopping() and self.clock() < end:
+                if self._round_full:   # nothing more fits before the deadline: serve lease events only
+                    self._handle(self.client.poll(min(IDLE_TICK_S, max(0.0, end - self.clock()))))
+                else:
+                    self._handle(self.client.poll(0.0))
+                    self._serve_checkpoint_requests()
+                    if self.modes.device == GPU:
+                        super()._leased_iteration()
+                    else:
+                        super()._fallback_iteration()
+                with self._lock:
+                    closed = self.enforcer.close_windows(self.clock())
+                self._publish(closed)
+        except Exception as exc:
+            raise _WorkFailed() from exc
+        finally:
+            self._round_end = None
+        steps = t.step - step0
+        pending = t.pending_samples
+        if pending:
+            t.discard_pending()
+        tokens = (t.samples_seen - samples0 - pending) * t.config.model.block_size if steps else 0
+        return LocalWork(tokens, steps, t.last_loss if steps else math.nan)
+
+    def _launch(self, d: Launch) -> None:
+        """Never start a micro-batch predicted to end after the work deadline: shrink it, or stop."""
+        end = self._round_end
+        if end is not None:
+            left = end - self.clock()
+            if d.predicted_s > left:
+                fit = self.enforcer.fit
+                size = fit.largest_within(left, 1, d.size) if fit.ready else 0
+                if size == 0:
+                    self._round_full = True
+                    return
+                d = Launch(size, fit.predict(size))
+        super()._launch(d)
+
+    def _on_round(self, rec: RoundRecord) -> None:
+        self.rounds.append(rec)
+        _, report = lease_stream_callbacks(self.client)
+        report(rec)
+        if self.config.train.eval_every and (rec.committed or self._evaluating):
+            # the model now holds the global weights: validate those (restarting a validation in flight)
+            self._evaluating, self._eval_sum = self.config.train.eval_samples, 0.0
+        log.info("round %s", json.dumps({k: v for k, v in rec.to_json().items() if not isinstance(v, float)
+                                         or math.isfinite(v)}))
