@@ -122,7 +122,8 @@ class RanModel:
         """RC Style 2 Action 6 for one cell: ratios in percent (0..100) of the cell's PRBs. Raises
         ModelConfigError (and changes nothing) for an unknown slice or inconsistent ratios."""
         sc = self.scenario
-        if not (0 <= site < sc.n_sites and 0 <= cell < sc.n_cells):
+        self._check_site(site)
+        if not (isinstance(cell, int | np.integer) and 0 <= cell < sc.n_cells):
             raise ModelConfigError(f"no cell {site}/{cell}")
         match = [i for i, sl in enumerate(sc.sites[site].slices) if sl.sst == sst and sl.sd == sd]
         if not match:
@@ -138,6 +139,7 @@ class RanModel:
 
     def set_envelope(self, site: int, sms: float | None, be_delay_budget_ms: float | None = None) -> None:
         """Site SM envelope for the compute-aware MAC (None switches it off; deferred work then drains)."""
+        self._check_site(site)
         if sms is not None and not (np.isfinite(sms) and sms >= 0):
             raise ModelConfigError(f"envelope {sms} must be a finite number of SMs >= 0")
         self.envelope[site] = np.inf if sms is None else float(sms)
@@ -146,9 +148,14 @@ class RanModel:
 
     def set_training_sms(self, site: int, sms: float) -> None:
         """SMs the site's agent really holds now (from its usage report)."""
+        self._check_site(site)
         if not (np.isfinite(sms) and 0 <= sms <= self.gpu_sms[site]):
             raise ModelConfigError(f"training SMs {sms} outside 0..{self.gpu_sms[site]}")
         self.training_sms[site] = float(sms)
+
+    def _check_site(self, site: int) -> None:
+        if not (isinstance(site, int | np.integer) and 0 <= site < self.scenario.n_sites):
+            raise ModelConfigError(f"no site {site!r} (0..{self.scenario.n_sites - 1})")
 
     # --- the period ---
     def _tdd(self, n_slots: int) -> tuple[np.ndarray, np.ndarray]:
