@@ -203,6 +203,8 @@ class XappApp:
             log.warning("RMR native backend unavailable (%s); using the python backend", exc)
             self.rmr = await open_backend("python", port, cfg.rmr.route_table)
         log.info("RMR (%s backend) on port %d", cfg.rmr.backend, self.rmr.port)
+        if hasattr(self.rmr, "health_status"):     # RMR health check (mtype 100): "ERR <reason>" when SDL is down
+            self.rmr.health_status = lambda: None if self.store.healthy() else "SDL unreachable"
         self.rest_runner, self.rest_port = await start_rest(self, cfg.rest.port if rest_port is None else rest_port)
         log.info("REST on port %d", self.rest_port)
         b = cfg.broker

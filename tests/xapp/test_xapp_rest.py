@@ -76,6 +76,20 @@ async def _rest():
             assert (await req("GET", "/api/v1/controls"))[1] == {"controls": []}
             status, text, _ = await req("GET", "/metrics")
             assert status == 200 and "weaver_indications_total 0" in text and 'weaver_site_grant_sms{site="site-a"} 0' in text
+            # the RMR health check (mtype 100) answers 101 "OK" (rmr-wire.md §10), or ERR when SDL is down
+            from xapp.rmr import Mtype, RmrEndpoint, RmrMessage
+            ep = await RmrEndpoint.open(0, src_id="127.0.0.1", env={})
+            try:
+                await ep.wormhole_send(f"127.0.0.1:{x.rmr.port}", RmrMessage(Mtype.HEALTH_CHECK_REQ, xaction=b"h" * 32))
+                reply = await ep.receive(5)
+                assert reply.mtype == Mtype.HEALTH_CHECK_RESP and reply.payload.startswith(b"OK")
+                x.store.healthy = lambda: False
+                await ep.wormhole_send(f"127.0.0.1:{x.rmr.port}", RmrMessage(Mtype.HEALTH_CHECK_REQ, xaction=b"i" * 32))
+                reply = await ep.receive(5)
+                assert reply.payload.startswith(b"ERR") and b"SDL" in reply.payload
+                del x.store.healthy
+            finally:
+                await ep.close()
             status, _, headers = await req("GET", "/")
             assert status == 302 and headers["Location"] == "/static/index.html"
             if (ROOT / "xapp" / "static" / "index.html").exists():
