@@ -293,7 +293,7 @@ class XappApp:
         xid = sum(node.meid.encode()) % 60000 + 1
         try:
             spec, version, meas = self._spec(node, xid)
-        except SubmgrError as exc:
+        except (SubmgrError, ValueError) as exc:       # unknown KPM OID, nothing to ask for, refused encode
             self.subscribe_errors[node.meid] = str(exc)
             log.warning("%s: cannot subscribe: %s", node.meid, exc)
             return
