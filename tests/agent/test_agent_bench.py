@@ -22,8 +22,10 @@ def test_bench_agent_reports_both_arms_and_ratios(tmp_path, capsys):
         assert {"utilisation", "overrun_p50_ms", "overrun_p99_ms", "overrun_max_ms",
                 "overrun_p99_pct_of_period", "tokens_per_s"} <= set(arm)
         assert arm["windows"] >= 10
-    assert fixed["utilisation"] > 1.0          # 64 samples never fit a 10 ms budget: the baseline overruns
-    assert fixed["overrun_p50_ms"] > fitted["overrun_p50_ms"]
+    # 64 samples never fit a 10 ms budget: the baseline overruns (nearly) every window; the fitted arm
+    # overruns only where the host preempts it
+    assert fixed["utilisation"] > 1.0 and fixed["windows_overrun_frac"] >= 0.9, fixed
+    assert fitted["utilisation"] < fixed["utilisation"], (fitted, fixed)
     assert res["ratios_fitted_over_fixed"]["utilisation"] < 1.0
     assert res["targets"]["utilisation_min"] == 0.95
 
