@@ -56,9 +56,11 @@ def fifo_delay_slots(a: np.ndarray, served: np.ndarray, q0: np.ndarray, queue: n
         prev = np.empty((T, n))
         prev[0] = np.asarray(q0, dtype=float).reshape(-1)
         prev[1:] = queue.reshape(T, -1)[:-1]
-        t_idx, j_idx = np.nonzero((prev > 1e-6) & (s2 > 0))  # ignore float dust left by the queue algebra
+        mask = (prev > 1e-6) & (s2 > 0)  # ignore float dust left by the queue algebra
     else:
-        t_idx, j_idx = np.nonzero(s2 > 0)
+        mask = s2 > 0
+    # Queue-major order makes the search keys ascending, which numpy's searchsorted exploits (~3x).
+    j_idx, t_idx = np.nonzero(mask.T)
     if not len(t_idx):
         return delay.reshape(served.shape)
     cum_a = np.empty((T + 1, n))
