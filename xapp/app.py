@@ -588,12 +588,11 @@ class XappApp:
     async def stop(self) -> None:
         """RAN first: revoke every lease, then unsubscribe (unless kept), then close."""
         self._stopping = True
-        self._wake.set()
-        if self.broker is not None:
-            await self.broker.stop(0.5)
-        for t in self._tasks:
+        for t in self._tasks:           # the loop first: no grant may slip out after the revocations
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.broker is not None:
+            await self.broker.stop(0.5)
         if self.submgr is not None and not self.keep_subscriptions:
             for rec in list(self.subscriptions.values()):
                 await self._delete_subscription(rec)

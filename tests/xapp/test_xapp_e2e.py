@@ -119,6 +119,12 @@ async def _e2e(tmp, redis, python):
         async with aiohttp.ClientSession() as s, s.get(x.rest + "/metrics") as r:
             status, metrics = r.status, await r.text()
         assert status == 200 and 'weaver_lease_revocations_total{reason="stale-kpm"}' in metrics
+
+        # SIGTERM: RAN first - the agent's last word from the broker is a revocation, no lease after it
+        assert await x.stop() == 0
+        await until(lambda: agent.done.is_set(), 5, "the agent stream to end")
+        msgs = [m for _, m in agent.messages if isinstance(m, lease_pb2.BrokerMessage)]
+        assert msgs[-1].WhichOneof("body") == "revoke" and msgs[-1].revoke.reason == "xapp-shutdown"
     finally:
         if agent:
             await agent.close()
