@@ -6,12 +6,16 @@ What runs, and over which interface (nothing is short-circuited):
 - the xApp, as its own process (`python -m xapp`, the xApp venv): subscribes over SubMgr REST, takes KPM
   over RMR, sends RC control, grants leases over gRPC, serves the REST API and the dashboard;
 - one agent per site, as its own process (`weaver-agent run`, the agent venv): trains the shipped model
-  on CPU (GPU when present) strictly inside its leases.
+  on CPU (GPU when present) strictly inside its leases;
+- a torchft Lighthouse (`python -m agent.crosssite.lighthouse`, the agent venv) for the cross-site tier:
+  its address and the round length go into the xApp's `broker` config, the xApp publishes them in the
+  lease stream, and the agents train in time-boxed rounds combined across sites (`--no-cross-site`:
+  each site trains alone). Their transfer windows and round reports show in the xApp's REST API.
 
 The world learns what each agent really holds from the agent itself (its AgentInspect service), never
 from the xApp, so deadline misses are counted against real leases. Ctrl-C (or `--duration`) stops the
-xApp first (it revokes every lease), then the agents (they write a checkpoint), then the world, and
-leaves no process behind. `--json FILE` writes the run summary (measures named as in architecture.md).
+xApp first (it revokes every lease), then the agents, all at once (each finishes its round and writes a
+checkpoint), then the Lighthouse, then the world, and leaves no process behind. `--json FILE` writes the run summary (measures named as in architecture.md).
 """
 from __future__ import annotations
 
@@ -67,6 +71,10 @@ class UpConfig:
     agent_preset: str = "tiny"
     run_dir: Path | None = None
     guard_sms: int = 8
+    cross_site: bool = True
+    # Coarse rounds: the transfer window (15 %) and the quorum are idle compute, and 3 agents + the
+    # Lighthouse share a few cores here. The Lighthouse's timeouts derive from it (heartbeat R/2, join 1.5 R).
+    round_ms: int = 5000
 
     def __post_init__(self) -> None:
         if not 1 <= self.sites <= len(ARCHETYPES) * 4:
@@ -75,6 +83,8 @@ class UpConfig:
             raise ValueError(f"--cells must be 1..16, got {self.cells}")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ValueError("--duration must be positive")
+        if not 200 <= self.round_ms <= 600_000:
+            raise ValueError(f"--round-ms must be 200..600000, got {self.round_ms}")
 
 
 def scenario_for(cfg: UpConfig) -> Scenario:
@@ -89,8 +99,9 @@ def site_name(i: int) -> str:
     return f"site-{i}"
 
 
-def xapp_controls(cfg: UpConfig, sim, ports: dict[str, int]) -> dict:
-    """The xApp's `controls`: the descriptor's defaults, pointed at this run's platform."""
+def xapp_controls(cfg: UpConfig, sim, ports: dict[str, int], lighthouse_addr: str = "",
+                  round_epoch_ms: int = 0) -> dict:
+    """The xApp's `controls`: the descriptor's defaults, pointed at this run's platform (and Lighthouse)."""
     base = json.loads((ROOT / "descriptors" / "config-file.json").read_text())
     c = base["controls"]
     c["period_ms"] = int(cfg.period_ms)
@@ -117,6 +128,8 @@ def xapp_controls(cfg: UpConfig, sim, ports: dict[str, int]) -> dict:
     c["submgr"].update(url=sim.ric.submgr_url, client_host=cfg.host, http_port=ports["rest"], rmr_port=ports["rmr"])
     c["rmr"].update(port=ports["rmr"], route_table=str(sim.ric.route_file))
     c["broker"]["listen"] = f"{cfg.host}:{ports['broker']}"
+    if lighthouse_addr:   # the coordinator role: the xApp hands these to every agent in the lease stream
+        c["broker"].update(lighthouse_addr=lighthouse_addr, round_ms=cfg.round_ms, round_epoch_ms=round_epoch_ms)
     c["rest"]["port"] = ports["rest"]
     base["controls"] = c
     return base
@@ -213,6 +226,37 @@ class AgentProbe:
             v.last, v.seen_at = d, time.monotonic()
 
 
+@dataclass
+class RoundsSeen:
+    """The cross-site tier as the xApp sees it (`/api/v1/transfers`, `/api/v1/rounds`), merged across
+    polls by (site, round): the xApp keeps only each agent's latest 64, a long run has more."""
+
+    windows: dict = field(default_factory=dict)   # (site_id, round) -> planned transfer window
+    reports: dict = field(default_factory=dict)   # (site_id, round) -> round report
+
+    def merge(self, transfers: list[dict], rounds: list[dict]) -> None:
+        for t in transfers:
+            self.windows[(t["site_id"], t["round"])] = t
+        for r in rounds:
+            self.reports[(r["site_id"], r["round"])] = r
+
+    def committed_rounds(self) -> int:
+        """Rounds committed anywhere (a round index is a wall-clock slot, the same on every site)."""
+        return len({k for (_, k), r in self.reports.items() if r["committed"]})
+
+    def site(self, site_id: str) -> dict:
+        reps = [r for (s, _), r in self.reports.items() if s == site_id]
+        done = [r for r in reps if r["committed"]]
+        return {"transfer_windows": sum(1 for s, _ in self.windows if s == site_id),
+                "transfer_bytes_planned": sum(t["bytes"] for (s, _), t in self.windows.items() if s == site_id),
+                "rounds_reported": len(reps), "rounds_committed": len(done),
+                "committed_tokens": sum(r["tokens"] for r in done),
+                "bytes_sent": sum(r["bytes_sent"] for r in reps),
+                "mean_wait_ms": float(np.mean([r["wait_ms"] for r in reps])) if reps else math.nan,
+                "mean_round_wall_ms": float(np.mean([r["wall_ms"] for r in reps])) if reps else math.nan,
+                "max_participants": max((r["participants"] for r in reps), default=0)}
+
+
 async def _get_json(url: str, timeout: float = 2.0):
     import aiohttp
 
@@ -221,7 +265,13 @@ async def _get_json(url: str, timeout: float = 2.0):
         return await r.json()
 
 
-def _fmt_line(elapsed: float, duration: float | None, world: World, agents: list[AgentView], xsites: dict) -> str:
+async def _read_rounds(rest: str, seen: RoundsSeen) -> None:
+    transfers = (await _get_json(f"{rest}/api/v1/transfers"))["transfers"]
+    seen.merge(transfers, (await _get_json(f"{rest}/api/v1/rounds"))["rounds"])
+
+
+def _fmt_line(elapsed: float, duration: float | None, world: World, agents: list[AgentView], xsites: dict,
+              rounds: RoundsSeen | None = None) -> str:
     t = world.tally
     usable = sum(x.usable_spare_sm_s for x in t)
     granted = sum((xsites.get(site_name(i)) or {}).get("counters", {}).get("sm_s_granted", 0.0) for i in range(len(t)))
@@ -232,7 +282,8 @@ def _fmt_line(elapsed: float, duration: float | None, world: World, agents: list
     leases = " ".join(f"{a.last.get('lease_sms', 0):>3}" for a in agents)
     return (f"[{prog}] usable spare {usable:7.1f} SM·s  granted {granted:7.1f}  used {used:7.1f}  "
             f"leases [{leases}]  misses {sum(x.misses for x in t)} (training {sum(x.misses_training for x in t)})  "
-            f"tokens/s {tps:7.0f}  loss {np.mean(losses) if losses else float('nan'):.3f}")
+            f"tokens/s {tps:7.0f}  loss {np.mean(losses) if losses else float('nan'):.3f}"
+            + (f"  rounds {rounds.committed_rounds()}" if rounds is not None else ""))
 
 
 async def run_up(cfg: UpConfig, out=print) -> dict:
@@ -257,9 +308,17 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     summary: dict = {}
+    rounds = RoundsSeen() if cfg.cross_site else None
     try:
+        lighthouse = ""
+        if cfg.cross_site:
+            lh = sup.start("lighthouse", [str(venv_python(".venv-agent")), "-m", "agent.crosssite.lighthouse",
+                                          "--port", str(free_port()), "--round-ms", str(cfg.round_ms)],
+                           env={"PYTHONPATH": str(ROOT)})
+            lighthouse = (await asyncio.to_thread(lh.wait_for_line, r"lighthouse (http://\S+)", 60)).group(1)
         config_path = run_dir / "config-file.json"
-        config_path.write_text(json.dumps(xapp_controls(cfg, sim, ports), indent=2))
+        config_path.write_text(json.dumps(xapp_controls(cfg, sim, ports, lighthouse, int(time.time() * 1000)),
+                                          indent=2))
         xenv = {"CONFIG_FILE": str(config_path), "RMR_SEED_RT": str(sim.ric.route_file), "RMR_RTG_SVC": "-1",
                 "RMR_SRC_ID": cfg.host, "PYTHONPATH": str(ROOT)}
         xapp = sup.start("xapp", [str(venv_python(".venv-xapp")), "-m", "xapp", "--config", str(config_path)], env=xenv)
@@ -282,6 +341,11 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         out(f"weaver up: grpc       lease broker {cfg.host}:{ports['broker']}  agents "
             + " ".join(f"{site_name(a.site)}={a.addr}" for a in agents))
         out(f"weaver up: submgr     {sim.ric.submgr_url}/subscriptions")
+        if lighthouse:
+            out(f"weaver up: lighthouse {lighthouse}  (cross-site rounds of {cfg.round_ms} ms; transfer windows "
+                f"{rest}/api/v1/transfers, rounds {rest}/api/v1/rounds)")
+        else:
+            out("weaver up: lighthouse none (--no-cross-site: each site trains alone)")
         out(f"weaver up: run dir    {run_dir} (logs, config, checkpoints)")
 
         t0 = loop.time()
@@ -303,7 +367,12 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                     xsites = {s["site_id"]: s for s in (await _get_json(f"{rest}/api/v1/sites"))["sites"]}
                 except Exception:
                     xsites = {}
-                out(_fmt_line(loop.time() - t0, cfg.duration_s, world, agents, xsites))
+                if rounds is not None:
+                    try:
+                        await _read_rounds(rest, rounds)
+                    except Exception:  # the next poll merges what this one missed
+                        pass
+                out(_fmt_line(loop.time() - t0, cfg.duration_s, world, agents, xsites, rounds))
                 for c in sup.children:
                     if not c.alive:
                         raise ChildFailed(f"{c.name} exited ({c.proc.returncode}); see {run_dir / 'logs'}")
@@ -318,16 +387,37 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             xsites = {s["site_id"]: s for s in (await _get_json(f"{rest}/api/v1/sites"))["sites"]}
         except Exception as exc:
             out(f"weaver up: could not read the xApp's final state: {exc}")
+        if rounds is not None:
+            try:
+                await _read_rounds(rest, rounds)
+            except Exception as exc:
+                out(f"weaver up: could not read the xApp's round reports: {exc}")
         await asyncio.to_thread(probe.poll)
-        summary = build_summary(cfg, world, agents, xsites, loop.time() - t0)
+        summary = build_summary(cfg, world, agents, xsites, loop.time() - t0, rounds, lighthouse)
     finally:
-        # RAN first: the xApp revokes every lease on SIGTERM, then agents checkpoint, then the world stops
-        await asyncio.to_thread(sup.stop_all, ["xapp", "agent"], 20.0)
+        await asyncio.to_thread(shutdown, sup, 20.0)
         await sim.close()
     return summary
 
 
-def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: dict, elapsed: float) -> dict:
+def shutdown(sup: Supervisor, timeout: float) -> None:
+    """RAN first: the xApp revokes every lease on SIGTERM. Then every agent at once: each finishes its
+    cross-site round (its peers are in the same round, so nobody waits for a site already stopped) and
+    writes a checkpoint. The Lighthouse last, so that no agent loses its quorum service while stopping."""
+    for c in sup.children:
+        if c.name == "xapp":
+            sup.stop(c, timeout=timeout)
+    for c in sup.children:
+        if c.name.startswith("agent:") and c.alive:
+            try:
+                os.killpg(c.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    sup.stop_all(["agent", "lighthouse"], timeout)
+
+
+def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: dict, elapsed: float,
+                  rounds: RoundsSeen | None = None, lighthouse: str = "") -> dict:
     sites = {}
     for i, t in enumerate(world.tally):
         x = xsites.get(site_name(i)) or {}
@@ -359,6 +449,8 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
             "final_envelope_sms": x.get("envelope_sms"),
             "final_grant_sms": x.get("grant_sms"),
         }
+        if rounds is not None:
+            sites[site_name(i)]["cross_site"] = rounds.site(site_name(i))
     keys_sum = ("kpm_indications", "rc_controls_sent", "rc_controls_acked", "rc_controls_failed", "leases_granted",
                 "sm_seconds_granted", "sm_seconds_used", "sm_seconds_held_by_agent", "ran_sm_s", "spare_sm_s",
                 "usable_spare_sm_s", "deadline_misses", "deadline_misses_attributable_to_training", "slots",
@@ -371,9 +463,20 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
     totals["val_loss_start"] = float(np.mean(starts)) if starts else math.nan
     totals["val_loss_end"] = float(np.mean(ends)) if ends else math.nan
     totals["tokens_per_s"] = totals["tokens_trained"] / elapsed if elapsed > 0 else 0.0
+    cross = {"enabled": False}
+    if rounds is not None:
+        per = [s["cross_site"] for s in sites.values()]
+        waits = [r["wait_ms"] for r in rounds.reports.values()]
+        cross = {"enabled": True, "lighthouse": lighthouse, "round_ms": cfg.round_ms,
+                 "rounds_committed": rounds.committed_rounds(),
+                 "committed_tokens": sum(p["committed_tokens"] for p in per),
+                 "transfer_windows": sum(p["transfer_windows"] for p in per),
+                 "bytes_sent": sum(p["bytes_sent"] for p in per),
+                 "mean_wait_ms": float(np.mean(waits)) if waits else math.nan,
+                 "mean_wait_fraction_of_round": float(np.mean(waits)) / cfg.round_ms if waits else math.nan}
     return {"policy": cfg.policy, "seed": cfg.seed, "duration_s": round(elapsed, 3), "period_ms": cfg.period_ms,
             "partition": "green-context (reconfiguration in microseconds)", "guard_sms": cfg.guard_sms,
-            "sites": sites, "totals": totals}
+            "sites": sites, "totals": totals, "cross_site": cross}
 
 
 def _json_safe(o):
@@ -397,13 +500,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="tiny", help="agent model preset (tiny, small, medium)")
     parser.add_argument("--run-dir", default=None, help="logs, config and checkpoints (default: a temp dir)")
     parser.add_argument("--json", default=None, metavar="SUMMARY", help="write the run summary as JSON")
+    parser.add_argument("--round-ms", type=int, default=5000, help="cross-site round length (default 5000)")
+    parser.add_argument("--no-cross-site", action="store_true",
+                        help="start no Lighthouse: each site trains alone")
 
 
 def run(args) -> int:
     try:
         cfg = UpConfig(sites=args.sites, cells=args.cells, duration_s=args.duration, policy=args.policy,
                        seed=args.seed, period_ms=args.period_ms, rest_port=args.port, agent_preset=args.preset,
-                       run_dir=Path(args.run_dir) if args.run_dir else None)
+                       run_dir=Path(args.run_dir) if args.run_dir else None,
+                       cross_site=not args.no_cross_site, round_ms=args.round_ms)
     except ValueError as exc:
         print(f"weaver up: {exc}", file=sys.stderr)
         return 2
@@ -418,6 +525,16 @@ def run(args) -> int:
               f"used {t['sm_seconds_used']:.1f} ({t['utilization']:.0%}), misses {t['deadline_misses']} "
               f"(training {t['deadline_misses_attributable_to_training']}), tokens {t['tokens_trained']}, "
               f"val loss {t['val_loss_start']:.3f} -> {t['val_loss_end']:.3f}", flush=True)
+        xs = summary["cross_site"]
+        if xs["enabled"]:
+            print(f"weaver up: cross-site {xs['rounds_committed']} rounds committed, {xs['committed_tokens']} tokens, "
+                  f"{xs['transfer_windows']} transfer windows, {xs['bytes_sent'] / 1e6:.1f} MB sent, mean wait "
+                  f"{xs['mean_wait_ms']:.0f} ms ({xs['mean_wait_fraction_of_round']:.1%} of a round)", flush=True)
+            for name, site in summary["sites"].items():
+                c = site["cross_site"]
+                print(f"weaver up:   {name}: {c['rounds_committed']}/{c['rounds_reported']} rounds committed, "
+                      f"{c['committed_tokens']} tokens, {c['bytes_sent'] / 1e6:.1f} MB sent, "
+                      f"mean wait {c['mean_wait_ms']:.0f} ms", flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(_json_safe(summary), indent=2))
     return 0

@@ -183,6 +183,16 @@ async def transfers(request):
     return web.json_response({"transfers": out})
 
 
+async def rounds(request):
+    """What became of each round at each site (its RoundReport): committed, tokens, bytes, waiting."""
+    x = _x(request)
+    out = [{"site_id": sid, "round": rnd, "committed": committed, "participants": participants, "tokens": tokens,
+            "bytes_sent": bytes_sent, "wall_ms": wall_ms, "wait_ms": wait_ms}
+           for sid, a in (x.broker.book.agents.items() if x.broker else ())
+           for rnd, committed, participants, tokens, bytes_sent, wall_ms, wait_ms in a.rounds]
+    return web.json_response({"rounds": out})
+
+
 async def metrics(request):
     x = _x(request)
     c = x.counters
@@ -242,6 +252,7 @@ def openapi_spec() -> dict:
             "/api/v1/agents": {"get": op("connected agents")},
             "/api/v1/controls": {"get": op("RC controls log")},
             "/api/v1/transfers": {"get": op("planned cross-site transfer windows (site, bytes, deadline, round)")},
+            "/api/v1/rounds": {"get": op("cross-site round reports per site (committed, tokens, bytes, wait)")},
             "/metrics": {"get": op("Prometheus metrics")},
         },
     }
@@ -282,6 +293,7 @@ def build_app(x: XappApp) -> web.Application:
     r.add_get("/api/v1/agents", agents)
     r.add_get("/api/v1/controls", controls)
     r.add_get("/api/v1/transfers", transfers)
+    r.add_get("/api/v1/rounds", rounds)
     r.add_get("/metrics", metrics)
     r.add_get("/openapi.json", openapi)
     r.add_get("/", index)

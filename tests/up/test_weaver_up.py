@@ -1,9 +1,11 @@
-"""`weaver up` end to end: the real processes (testbed + mini-RIC, the xApp, one agent per site) over the
-real interfaces (RMR/E2AP, SubMgr REST, gRPC leases), with real training, for 30 seconds."""
+"""`weaver up` end to end: the real processes (testbed + mini-RIC, the xApp, one agent per site, the
+cross-site tier's Lighthouse) over the real interfaces (RMR/E2AP, SubMgr REST, gRPC leases, torchft),
+with real training, for 30 seconds."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -60,6 +62,20 @@ def test_weaver_up_30s(tmp_path, repo_root):
         assert key in t, key
     assert t["tokens_trained"] > 0
     assert t["val_loss_end"] < t["val_loss_start"], t
+    # the cross-site tier: the xApp published the Lighthouse, every site planned transfer windows and
+    # reported rounds, read back from GET /api/v1/transfers and /api/v1/rounds during the run
+    xs = s["cross_site"]
+    assert xs["enabled"] and xs["round_ms"] > 0, xs
+    assert xs["rounds_committed"] >= 1, xs
+    assert 0 < xs["committed_tokens"] <= t["tokens_trained"], (xs, t)
+    for name, site in sites.items():
+        c = site["cross_site"]
+        assert c["transfer_windows"] > 0 and c["transfer_bytes_planned"] > 0, (name, c)
+        assert c["rounds_reported"] > 0 and c["bytes_sent"] > 0, (name, c)
+    m = re.search(r"weaver up: lighthouse http://127\.0\.0\.1:(\d+)", out)
+    assert m, out[:3000]
     time.sleep(1.0)
     leftover = _processes_mentioning(str(tmp_path))
+    # the Lighthouse (wrapper and torchft binary) names its port, not the run directory
+    leftover |= _processes_mentioning(f"--port {m.group(1)} ") | _processes_mentioning(f"127.0.0.1:{m.group(1)} ")
     assert not leftover, f"processes left running: {leftover}"
