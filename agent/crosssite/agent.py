@@ -21,10 +21,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 from collections import deque
 
-from agent.crosssite.rounds import LocalWork
+import torch
+
+from agent.crosssite.rounds import LocalWork, flatten
 from agent.crosssite.tier import CrossSiteTier, RoundRecord, TierConfig, lease_stream_callbacks
 from agent.enforcer import Launch
 from agent.modes import GPU
@@ -37,6 +40,36 @@ class _WorkFailed(Exception):
     """Training itself raised inside a round: not a tier failure, so it is not swallowed."""
 
 
+class _Join:
+    """Builds a CrossSiteTier on its own thread: torchft's Manager connects to the Lighthouse in its
+    constructor (seconds when it is slow or away), and the lease loop must not stall for that."""
+
+    def __init__(self, build) -> None:
+        self.result: CrossSiteTier | BaseException | None = None
+        self.done = threading.Event()
+        self._abandoned = False
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, args=(build,), name="crosssite-join", daemon=True).start()
+
+    def _run(self, build) -> None:
+        try:
+            result = build()
+        except Exception as exc:  # noqa: BLE001 - handed to the loop thread, which decides
+            result = exc
+        with self._lock:
+            if self._abandoned and isinstance(result, CrossSiteTier):
+                result.close()
+            self.result = result
+        self.done.set()
+
+    def abandon(self) -> None:
+        """The config changed or the agent stops: close the tier if it is (or once it is) built."""
+        with self._lock:
+            self._abandoned = True
+            if isinstance(self.result, CrossSiteTier):
+                self.result.close()
+
+
 class CrossSiteAgent(SiteAgent):
     def __init__(self, config, **kw):
         super().__init__(config, **kw)
@@ -44,6 +77,8 @@ class CrossSiteAgent(SiteAgent):
         self.tier_config: TierConfig | None = None
         self.rounds: deque[RoundRecord] = deque(maxlen=256)
         self.tier_failures = 0
+        self._join: _Join | None = None        # a tier being built (connecting) off the loop thread
+        self._failures_in_a_row = 0
         self._bad_config: str = ""
         self._retry_at = -math.inf
         self._stop_at: float | None = None
@@ -80,9 +115,10 @@ class CrossSiteAgent(SiteAgent):
             return None
         round_s = max(msg.round_ms, 50) / 1000.0
         try:
-            # A dead Lighthouse or peer must not block the lease loop for long: bound the quorum
-            # wait to a few rounds (it legitimately waits up to the join timeout, 1.5 rounds).
-            return TierConfig.from_proto(msg, self.config.lease.site_id, timeout_s=max(10.0, 2 * round_s),
+            # A dead Lighthouse or peer must not block the lease loop for long: bound connects and
+            # collectives to two rounds and the quorum wait to three (it legitimately waits up to the
+            # join timeout, 1.5 rounds). Seconds-long floors: a loaded host deschedules processes.
+            return TierConfig.from_proto(msg, self.config.lease.site_id, timeout_s=max(5.0, 2 * round_s),
                                          quorum_timeout_s=max(10.0, 3 * round_s))
         except ValueError as exc:
             if str(exc) != self._bad_config:
@@ -96,25 +132,37 @@ class CrossSiteAgent(SiteAgent):
         if wanted != self.tier_config:
             self._close_tier()
             self.tier_config = wanted
-            self._retry_at = -math.inf
+            self._retry_at, self._failures_in_a_row = -math.inf, 0
         if wanted is None:
             return None
-        if self.tier is None:
-            if self.clock() < self._retry_at:
-                return None
-            on_plan, _ = lease_stream_callbacks(self.client)
-            try:
-                self.tier = CrossSiteTier(self.trainer.model, wanted, on_transfer_plan=on_plan,
-                                          on_round=self._on_round)
-            except Exception as exc:  # noqa: BLE001 - torchft start-up: retry next round, train alone meanwhile
-                self._tier_failed(f"could not join {wanted.lighthouse_addr}", exc, wanted.round_s)
-                return None
-            # validation follows committed rounds (global weights), not local optimizer steps
-            self._next_eval_step = math.inf
-            log.info("cross-site tier on: lighthouse %s, rounds of %d ms", wanted.lighthouse_addr, wanted.round_ms)
+        if self.tier is not None:
+            return self.tier
+        if self._join is None:
+            if self.clock() >= self._retry_at:
+                on_plan, _ = lease_stream_callbacks(self.client)
+                self._join = _Join(lambda: CrossSiteTier(self.trainer.model, wanted, on_transfer_plan=on_plan,
+                                                         on_round=self._on_round))
+            return None
+        if not self._join.done.is_set():
+            return None           # still connecting: keep training alone under the leases
+        result, self._join = self._join.result, None
+        if isinstance(result, BaseException):
+            self._tier_failed(f"could not join {wanted.lighthouse_addr}", result, wanted.round_s)
+            return None
+        # Its copy of the weights was taken on the joining thread, possibly mid optimizer step: take
+        # it again here, on the loop thread. (A first quorum with healthier peers replaces it anyway.)
+        with torch.no_grad():
+            result.global_flat.copy_(flatten(result.params))
+        self.tier = result
+        # validation follows committed rounds (global weights), not local optimizer steps
+        self._next_eval_step = math.inf
+        log.info("cross-site tier on: lighthouse %s, rounds of %d ms", wanted.lighthouse_addr, wanted.round_ms)
         return self.tier
 
     def _close_tier(self) -> None:
+        join, self._join = self._join, None
+        if join is not None:
+            join.abandon()
         tier, self.tier = self.tier, None
         if tier is not None:
             tier.close()
@@ -123,10 +171,14 @@ class CrossSiteAgent(SiteAgent):
             log.info("cross-site tier off")
 
     def _tier_failed(self, what: str, exc: Exception, round_s: float) -> None:
+        # A Lighthouse that stays away is retried with exponential backoff (1, 2, 4 ... rounds, at most
+        # a minute): each try holds a torchft Manager and its threads for up to the connect timeout.
         self.tier_failures += 1
-        log.warning("cross-site: %s: %s: %s; training alone for a round", what, type(exc).__name__, exc)
+        self._failures_in_a_row += 1
+        backoff = min(60.0, round_s * 2 ** min(self._failures_in_a_row - 1, 10))
+        log.warning("cross-site: %s: %s: %s; training alone for %.1f s", what, type(exc).__name__, exc, backoff)
         self._close_tier()
-        self._retry_at = self.clock() + round_s
+        self._retry_at = self.clock() + backoff
 
     # --- one round --------------------------------------------------------------------------------
     def _round(self) -> None:
@@ -188,6 +240,7 @@ class CrossSiteAgent(SiteAgent):
 
     def _on_round(self, rec: RoundRecord) -> None:
         self.rounds.append(rec)
+        self._failures_in_a_row = 0
         _, report = lease_stream_callbacks(self.client)
         report(rec)
         if self.config.train.eval_every and (rec.committed or self._evaluating):

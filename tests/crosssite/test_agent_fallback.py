@@ -1,0 +1,91 @@
+"""CrossSiteAgent when the coordinator's cross-site config is absent, bad, or names a Lighthouse that is
+not there: it trains alone under its leases (exactly a SiteAgent), never stalls its lease loop for long,
+and joins once the config is good. In-process agent against the agent tests' real gRPC broker."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from agent.config import LeaseClientConfig, tiny_cpu
+from agent.crosssite.agent import CrossSiteAgent
+from agent.monitors import cpu_facts
+from schemas.proto.weaver.v1 import lease_pb2
+from tests.agent.broker import ScriptedBroker
+
+pytestmark = [pytest.mark.agent]
+
+
+def _agent(port: int, tmp_path) -> CrossSiteAgent:
+    cfg = tiny_cpu()
+    cfg = replace(cfg, modes=replace(cfg.modes, mode="gpu"), checkpoint_dir=str(tmp_path / "ckpt"),
+                  inspect_addr="127.0.0.1:0",
+                  lease=LeaseClientConfig(broker=f"127.0.0.1:{port}", site_id="site-0", heartbeat_ms=100,
+                                          backoff_initial_s=0.05, backoff_max_s=0.2))
+    return CrossSiteAgent(cfg, device=cpu_facts(1))
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]   # nothing listens once the socket is closed
+
+
+def _wait(pred, timeout=15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.parametrize("cs", [
+    lease_pb2.CrossSiteConfig(),                                               # tier disabled
+    lease_pb2.CrossSiteConfig(lighthouse_addr="garbage", round_ms=1000),        # not a URL
+    lease_pb2.CrossSiteConfig(lighthouse_addr="http://127.0.0.1:1", round_ms=7),  # round too short
+])
+def test_no_or_bad_config_means_training_alone(tmp_path, cs):
+    agent = _agent(1, tmp_path)
+    agent.cross_site = cs
+    assert agent._current_tier() is None and agent.tier is None and agent.tier_failures == 0
+
+
+def test_unreachable_lighthouse_trains_alone_under_leases_and_backs_off(tmp_path):
+    broker = ScriptedBroker(heartbeat_ms=100)
+    broker.start()
+    agent = _agent(broker.port, tmp_path)
+    thread = threading.Thread(target=agent.run, kwargs={"max_seconds": 60}, daemon=True)
+    thread.start()
+    try:
+        assert _wait(lambda: agent.client.connected)
+        broker.renew_every_period(sm_count=1, period_ms=100, valid_for_ms=300, duty=0.5)
+        broker.push(lease_pb2.BrokerMessage(cross_site=lease_pb2.CrossSiteConfig(
+            lighthouse_addr=f"http://127.0.0.1:{_closed_port()}", round_ms=400)))
+        assert _wait(lambda: agent._join is not None)
+        step = agent.trainer.step
+        # torchft's connect (5 s timeout) runs off the loop thread: leased training goes on meanwhile
+        assert _wait(lambda: agent.trainer.step >= step + 3, timeout=4) and agent.tier_failures == 0
+        assert _wait(lambda: agent.tier_failures >= 1, timeout=30)     # the connect timed out
+        step = agent.trainer.step
+        assert _wait(lambda: agent.trainer.step >= step + 5, timeout=20)   # ...and it kept training, leased
+        assert agent.tier is None and not agent.rounds
+        # the next try waits for the backoff (a round, then 2, 4, ...), not a tight retry loop
+        assert agent.tier_failures <= 2
+        # the coordinator turns the tier off: plain SiteAgent from then on, no more join attempts
+        broker.push(lease_pb2.BrokerMessage(cross_site=lease_pb2.CrossSiteConfig()))
+        assert _wait(lambda: agent.tier_config is None)
+        failures = agent.tier_failures
+        step = agent.trainer.step
+        assert _wait(lambda: agent.trainer.step >= step + 5, timeout=20)
+        assert agent.tier_failures == failures
+        usage = broker.usage()
+        assert usage and sum(u.steps for u in usage) > 0 and all(u.overrun_ms < 1000 for u in usage)
+    finally:
+        agent.stop()
+        thread.join(30)
+        broker.stop()
+    assert not thread.is_alive()
