@@ -252,7 +252,9 @@ class RoundsSeen:
                 "rounds_reported": len(reps), "rounds_committed": len(done),
                 "committed_tokens": sum(r["tokens"] for r in done),
                 "bytes_sent": sum(r["bytes_sent"] for r in reps),
+                # wait = quorum + end-of-round barrier; a joiner's first quorum waits for the next boundary
                 "mean_wait_ms": float(np.mean([r["wait_ms"] for r in reps])) if reps else math.nan,
+                "median_wait_ms": float(np.median([r["wait_ms"] for r in reps])) if reps else math.nan,
                 "mean_round_wall_ms": float(np.mean([r["wall_ms"] for r in reps])) if reps else math.nan,
                 "max_participants": max((r["participants"] for r in reps), default=0)}
 
@@ -473,6 +475,7 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
                  "transfer_windows": sum(p["transfer_windows"] for p in per),
                  "bytes_sent": sum(p["bytes_sent"] for p in per),
                  "mean_wait_ms": float(np.mean(waits)) if waits else math.nan,
+                 "median_wait_ms": float(np.median(waits)) if waits else math.nan,
                  "mean_wait_fraction_of_round": float(np.mean(waits)) / cfg.round_ms if waits else math.nan}
     return {"policy": cfg.policy, "seed": cfg.seed, "duration_s": round(elapsed, 3), "period_ms": cfg.period_ms,
             "partition": "green-context (reconfiguration in microseconds)", "guard_sms": cfg.guard_sms,
@@ -528,13 +531,14 @@ def run(args) -> int:
         xs = summary["cross_site"]
         if xs["enabled"]:
             print(f"weaver up: cross-site {xs['rounds_committed']} rounds committed, {xs['committed_tokens']} tokens, "
-                  f"{xs['transfer_windows']} transfer windows, {xs['bytes_sent'] / 1e6:.1f} MB sent, mean wait "
-                  f"{xs['mean_wait_ms']:.0f} ms ({xs['mean_wait_fraction_of_round']:.1%} of a round)", flush=True)
+                  f"{xs['transfer_windows']} transfer windows, {xs['bytes_sent'] / 1e6:.1f} MB sent, wait mean "
+                  f"{xs['mean_wait_ms']:.0f} ms ({xs['mean_wait_fraction_of_round']:.1%} of a round), median "
+                  f"{xs['median_wait_ms']:.0f} ms", flush=True)
             for name, site in summary["sites"].items():
                 c = site["cross_site"]
                 print(f"weaver up:   {name}: {c['rounds_committed']}/{c['rounds_reported']} rounds committed, "
                       f"{c['committed_tokens']} tokens, {c['bytes_sent'] / 1e6:.1f} MB sent, "
-                      f"mean wait {c['mean_wait_ms']:.0f} ms", flush=True)
+                      f"wait mean {c['mean_wait_ms']:.0f} ms, median {c['median_wait_ms']:.0f} ms", flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(_json_safe(summary), indent=2))
     return 0
