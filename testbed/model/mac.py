@@ -43,39 +43,69 @@ def fifo_delay_slots(a: np.ndarray, served: np.ndarray, q0: np.ndarray, queue: n
 
     a, served (T, ...) arrivals and departures of independent FIFO queues; q0 (...) work already queued
     at the start (taken as arrived in the slot before). The delay of slot t is that of the work in the
-    middle of what left in t: t - (slot in which the cumulative arrivals reached that point). One
-    searchsorted for all queues: each queue's cumulative curve is shifted by a per-queue offset larger
-    than any total, which keeps the flattened curve sorted. With `queue` (the queue after each slot)
-    only slots that started with a backlog are searched: the others served only fresh work (delay 0)."""
+    middle of what left in t: t - (slot in which the cumulative arrivals reached that point). With
+    `queue` (the queue after each slot) only slots that started with a backlog are searched: the others
+    served only fresh work (delay 0). Dense form of `fifo_backlog_delays`."""
     T = a.shape[0]
-    a2 = a.reshape(T, -1)
-    n = a2.shape[1]
-    s2 = served.reshape(T, -1)
-    delay = np.zeros((T, n), dtype=np.intp)
-    if queue is not None:
-        prev = np.empty((T, n))
-        prev[0] = np.asarray(q0, dtype=float).reshape(-1)
-        prev[1:] = queue.reshape(T, -1)[:-1]
-        mask = (prev > 1e-6) & (s2 > 0)  # ignore float dust left by the queue algebra
-    else:
-        mask = s2 > 0
-    # Queue-major order makes the search keys ascending, which numpy's searchsorted exploits (~3x).
-    j_idx, t_idx = np.nonzero(mask.T)
-    if not len(t_idx):
-        return delay.reshape(served.shape)
-    cum_a = np.empty((T + 1, n))
-    cum_a[0] = np.asarray(q0, dtype=float).reshape(-1)
-    np.cumsum(a2, axis=0, out=cum_a[1:])
-    cum_a[1:] += cum_a[:1]
-    dep = np.cumsum(s2, axis=0)
-    mid = dep[t_idx, j_idx] - 0.5 * s2[t_idx, j_idx]
-    step = float(cum_a[-1].max()) * 2 + 1.0
-    offs = np.arange(n) * step
-    flat = (cum_a + offs).ravel(order="F")  # queue by queue, each curve non-decreasing
-    pos = np.searchsorted(flat, mid + offs[j_idx], side="left") - j_idx * (T + 1)
-    arrival_slot = np.clip(pos, 0, T) - 1  # index k in cum_a means it arrived in slot k - 1
-    delay[t_idx, j_idx] = np.maximum(t_idx - arrival_slot, 0)
+    shape = (1, T, -1)
+    d = fifo_backlog_delays(a.reshape(shape), served.reshape(shape), np.asarray(q0, dtype=float).reshape(1, -1),
+                            None if queue is None else queue.reshape(shape))
+    delay = np.zeros((T, d.n_queues), dtype=np.intp)
+    delay[d.slot, d.queue] = d.delay
     return delay.reshape(served.shape)
+
+
+@dataclass(frozen=True)
+class BacklogDelays:
+    """Delays of the slots that served work while their queue had a backlog (every other slot served only
+    fresh work: delay 0). Entries are sorted by queue, then slot; `queue` indexes the flattened (B, Q)."""
+
+    n_queues: int
+    queue: np.ndarray
+    slot: np.ndarray
+    delay: np.ndarray  # slots
+    served: np.ndarray  # work left in that slot (the delay's weight)
+
+
+def fifo_backlog_delays(a: np.ndarray, served: np.ndarray, q0: np.ndarray, queue: np.ndarray | None) -> BacklogDelays:
+    """FIFO delays of B x Q independent queues; a, served, queue (B, T, Q), q0 (B, Q).
+
+    One searchsorted for all queues: each queue's cumulative arrival curve is shifted by a per-queue
+    offset larger than any total, which keeps the concatenated curves sorted; the curves are laid out
+    queue by queue (contiguous along time), so the search keys come out ascending too, which numpy's
+    searchsorted exploits. Cumulative departures need no second scan: by conservation, served through
+    slot t = q0 + arrivals through t - queue after t. Without `queue` every slot that served is searched."""
+    B, T, Q = a.shape
+    n = B * Q
+    cum = np.empty((B, Q, T + 1))
+    cum[..., 0] = q0
+    np.cumsum(a.transpose(0, 2, 1), axis=-1, out=cum[..., 1:])
+    cum[..., 1:] += q0[..., None]
+    if queue is None:
+        queue = cum[..., 1:].transpose(0, 2, 1) - np.cumsum(served, axis=1)
+        backlog = None
+    else:
+        backlog = np.empty((B, Q, T), dtype=bool)
+        np.greater(q0, 1e-6, out=backlog[..., 0])
+        np.greater(queue.transpose(0, 2, 1)[..., :-1], 1e-6, out=backlog[..., 1:])
+    cum = cum.reshape(n, T + 1)
+    step = float(cum[:, -1].max()) * 2 + 1.0
+    offs = np.arange(n) * step
+    cum += offs[:, None]
+    # Float dust (~1e-9 bytes) left by the queue algebra is neither a departure nor a backlog.
+    mask = np.greater(served.transpose(0, 2, 1), 1e-6)
+    if backlog is not None:
+        mask &= backlog
+    f = np.flatnonzero(mask)  # queue-major: index j * T + t
+    j, t = np.divmod(f, T)
+    b, q = np.divmod(j, Q)
+    at = (b * T + t) * Q + q  # the same entries in the (B, T, Q) arrays
+    w = served.reshape(-1)[at]
+    mid = cum.ravel()[f + j + 1] - queue.reshape(-1)[at] - 0.5 * w  # middle of the work leaving in slot t
+    pos = np.searchsorted(cum.ravel(), mid, side="left") - j * (T + 1)
+    # index k of a queue's curve means the work arrived in slot k - 1
+    delay = np.maximum(t - np.clip(pos, 0, T) + 1, 0)
+    return BacklogDelays(n_queues=n, queue=j, slot=t, delay=delay, served=w)
 
 
 @dataclass(frozen=True)

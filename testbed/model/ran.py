@@ -22,7 +22,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import SLOT_S, ModelConfigError, Scenario
-from .mac import FifoBacklog, FifoResult, fifo_delay_slots, fifo_serve, lindley, schedule_cells, served_from
+from .mac import (
+    FifoBacklog,
+    FifoResult,
+    fifo_backlog_delays,
+    fifo_serve,
+    lindley,
+    schedule_cells,
+    served_from,
+)
 from .phy import PhyCost, ul_spill
 from .traffic import SyntheticTrace, TraceSource
 
@@ -197,7 +205,9 @@ class RanModel:
         # Best-effort bytes served per cell; the compute-aware stage rewrites its sites' rows in place.
         served_be_dl = dl.served[1]
         served_be_ul = ul.served[1]
-        mac_be_dl, mac_be_ul = served_be_dl.copy(), served_be_ul.copy()  # before the compute stage
+        if self.track_delay:  # before the compute stage rewrites the best-effort rows
+            self._add_mac_delays(arr.dl, dl, q0_dl)
+            self._add_mac_delays(arr.ul, ul, q0_ul)
         added_max = np.zeros(sc.n_sites)
         deferred = np.zeros(sc.n_sites)
         for s in range(sc.n_sites):
@@ -215,12 +225,6 @@ class RanModel:
             deferred[s] = self.backlog_dl[s].total / kd + self.backlog_ul[s].total / ku
         misses = (demand > (self.gpu_sms - self.training_sms)[None] + 1e-9).sum(axis=0)
 
-        # Delay: FIFO delay of the bytes leaving each MAC queue (compute stage: in _compute_stage).
-        hist = self.delay_hist[0]
-        for a, sched, q0, mac_be in ((arr.dl, dl, q0_dl, mac_be_dl), (arr.ul, ul, q0_ul, mac_be_ul)) if self.track_delay else ():
-            for sl, srv in ((0, sched.served[0]), (1, mac_be)):
-                b = np.minimum(fifo_delay_slots(a[sl], srv, q0[sl], sched.queue[sl]), DELAY_BINS - 1)
-                hist[sl] += np.bincount(b.ravel(), srv.ravel(), DELAY_BINS)
         off_dl, off_ul = np.einsum("ltsc->scl", arr.dl), np.einsum("ltsc->scl", arr.ul)
         self.offered_bytes += off_dl + off_ul
         served_dl, served_ul = dl.served, ul.served  # best-effort rows already rewritten above
@@ -249,6 +253,19 @@ class RanModel:
             * SLOT_S * 1e3,
             demand=demand, offered=offered, nondeferrable=nondef,
         )
+
+    def _add_mac_delays(self, a: np.ndarray, sched, q0: np.ndarray) -> None:
+        """Bytes-weighted FIFO delay of what left the MAC queues of one direction, into `delay_hist[0]`.
+        Only slots that started with a backlog are searched; everything else left in the slot it came."""
+        L, T = a.shape[:2]
+        d = fifo_backlog_delays(a.reshape(L, T, -1), sched.served.reshape(L, T, -1), q0.reshape(L, -1),
+                                sched.queue.reshape(L, T, -1))
+        n_per_slice = d.n_queues // L
+        idx = (d.queue // n_per_slice) * DELAY_BINS + np.minimum(d.delay, DELAY_BINS - 1)
+        late = np.bincount(idx, d.served, L * DELAY_BINS).reshape(L, DELAY_BINS)
+        hist = self.delay_hist[0]
+        hist[:, 0] += np.einsum("ltsc->l", sched.served) - late.sum(axis=1)
+        hist += late
 
     @staticmethod
     def _fifo(backlog: FifoBacklog, start: int, arrivals, served, queue, limit) -> FifoResult:
