@@ -142,13 +142,24 @@ class SyntheticTrace:
         self.max_layers = np.array([[[c.dl_layers for c in site.cells], [c.ul_layers for c in site.cells]]
                                     for site in scenario.sites])
         self.layer_cdf = [np.cumsum(DL_LAYERS[1])[:-1], np.cumsum(UL_LAYERS[1])[:-1]]
+        shapes = [_SHAPES[site.archetype] for site in scenario.sites]
+        self.coef = np.array([c for c, _, _ in shapes])  # (S, 9) harmonics of each site's archetype
+        self.shape_lo = np.array([lo for _, lo, _ in shapes])
+        self.shape_span = np.array([hi - lo for _, lo, hi in shapes])
+        self.harmonics = np.arange(1, 5)
+        self.phase_h = np.array([site.phase_h for site in scenario.sites])
+        self.scale = np.array([site.scale for site in scenario.sites])
 
     def level(self, start_slot: int) -> np.ndarray:
         """lambda_s at a slot (diurnal x scale x current Markov state), shape (S,)."""
         sc = self.scenario
         hour = sc.start_hour + start_slot * SLOT_S * sc.day_speedup / 3600
-        return np.array([site.scale * float(diurnal_level(site.archetype, hour + site.phase_h))
-                         for site in sc.sites]) * MARKOV_LEVELS[self.markov]
+        # All sites' harmonics at once (a per-site scalar evaluation costs more than the rest of a period).
+        w = (2 * np.pi / 24) * np.outer(((hour + self.phase_h) % 24), self.harmonics)  # (S, 4)
+        y = self.coef[:, 0] + np.einsum("sk,sk->s", self.coef[:, 1::2], np.cos(w)) \
+            + np.einsum("sk,sk->s", self.coef[:, 2::2], np.sin(w))
+        shape = (y - self.shape_lo) / self.shape_span
+        return self.scale * (RHO + (1 - RHO) * shape) * MARKOV_LEVELS[self.markov]
 
     def _step_markov(self, n_slots: int) -> None:
         p_leave = np.minimum(1.0, n_slots * SLOT_S * self.scenario.day_speedup / self.dwell_s)
@@ -179,19 +190,25 @@ class SyntheticTrace:
         z -= BURST_SIGMA ** 2 / 2
         burst = np.exp(z, out=z)
         p_act = np.clip(0.1 + self.p_slope * lam[:, None], 0.05, 0.9)  # (S, C)
+        p_act32 = p_act[:, None, :].astype(np.float32)
         out = []
         for d, mean in enumerate((self.mean_dl, self.mean_ul)):
             m = mean * lam[:, None]  # (S, C) bytes per slot, all slices
             mp = (m * self.shares[:, :1] / PROTECTED_ACTIVE)[:, None, :]
             mb = (m * self.shares[:, 1:] / p_act)[:, None, :]
+            # Zero the idle slots of the float32 draws in place, then scale them straight into the
+            # slice-first (L, T, S, C) layout (no temporaries the size of a period).
             a = np.empty((2, T, S, C))
-            a[0] = np.moveaxis((u[:, d] < PROTECTED_ACTIVE) * small[:, d] * mp, 1, 0)
-            a[1] = np.moveaxis((u[:, 2 + d] < p_act[:, None, :].astype(np.float32)) * burst[:, d] * mb, 1, 0)
+            prot, be = small[:, d], burst[:, d]
+            prot *= u[:, d] < PROTECTED_ACTIVE
+            np.multiply(prot, mp, out=a[0].transpose(1, 0, 2))
+            be *= u[:, 2 + d] < p_act32
+            np.multiply(be, mb, out=a[1].transpose(1, 0, 2))
             mcs = np.clip(np.rint(self.mcs_mean[:, d, None, :] + 3.0 * mcs_noise[:, d]), 0, 27).astype(np.intp)
             pool = (DL_LAYERS if d == 0 else UL_LAYERS)[0]
             layers = np.minimum(pool[np.searchsorted(self.layer_cdf[d], layer_u[:, d])], self.max_layers[:, d, None, :])
             bpp = (N_RE / 8) * SPECTRAL_EFFICIENCY[mcs] * layers  # (S, blocks, C)
-            out.append((a, np.moveaxis(np.repeat(bpp, MCS_BLOCK, axis=1)[:, :T], 1, 0)))
+            out.append((a, np.repeat(bpp.transpose(1, 0, 2), MCS_BLOCK, axis=0)[:T]))  # (T, S, C) contiguous
         self._step_markov(n_slots)
         return Arrivals(dl=out[0][0], ul=out[1][0], bpp_dl=out[0][1], bpp_ul=out[1][1], level=lam)
 
