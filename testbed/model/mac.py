@@ -20,18 +20,18 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def lindley(x: np.ndarray, q0: np.ndarray) -> np.ndarray:
-    """Queue after each slot of q_t = max(q_{t-1} + x_t, 0) along axis 0, starting from q0."""
-    s = np.cumsum(x, axis=0)
-    m = np.minimum.accumulate(s, axis=0)
-    np.minimum(m, -np.asarray(q0), out=m)
+def lindley(x: np.ndarray, q0: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Queue after each slot of q_t = max(q_{t-1} + x_t, 0) along axis 0, starting from q0. `out` may be x."""
+    s = np.cumsum(x, axis=0, out=out)
+    m = np.fmin.accumulate(s, axis=0)  # fmin: no NaN bookkeeping, ~1.5x faster than minimum here
+    np.fmin(m, -np.asarray(q0), out=m)
     s -= m
     return s
 
 
-def served_from(q: np.ndarray, q0: np.ndarray, a: np.ndarray) -> np.ndarray:
+def served_from(q: np.ndarray, q0: np.ndarray, a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """What left the queue in each slot: q_{t-1} + a_t - q_t (clipped at float noise)."""
-    out = a - q
+    out = np.subtract(a, q, out=out)
     out[0] += q0
     out[1:] += q[:-1]
     np.maximum(out, 0.0, out=out)
@@ -115,7 +115,7 @@ class SliceSchedule:
     served: np.ndarray  # bytes
     queue: np.ndarray  # bytes left after each slot
     capacity: np.ndarray  # bytes the slice could have been served in each slot
-    be_headroom_prb: np.ndarray  # (T, S, C) PRBs the best-effort slice could still have used
+    be_headroom: np.ndarray  # (T, S, C) bytes the best-effort slice could still have been served
 
 
 def schedule_cells(a: np.ndarray, cap_prb: np.ndarray, bpp: np.ndarray, quota: np.ndarray,
@@ -124,26 +124,35 @@ def schedule_cells(a: np.ndarray, cap_prb: np.ndarray, bpp: np.ndarray, quota: n
 
     a (2,T,S,C) arriving bytes per slice (slice-first: each slice's array is contiguous); cap_prb (T,S,C)
     PRBs of this direction in each slot (0 when the TDD slot is of the other direction); bpp (T,S,C) bytes
-    per PRB; quota (S,C,2,3) = (min, max, dedicated) fractions; q0 (2,S,C) queues at period start."""
+    per PRB; quota (S,C,2,3) = (min, max, dedicated) fractions; q0 (2,S,C) queues at period start.
+    Works in bytes (PRB shares x bytes per PRB) with every period-sized array written in place; the
+    quota terms that are no-ops (no dedicated share, max 100 %) are skipped."""
     qmin, qmax, qded = quota[..., 0], quota[..., 1], quota[..., 2]
     served = np.empty_like(a)
     queue = np.empty_like(a)
     capacity = np.empty_like(a)
+    cap_bytes = np.multiply(cap_prb, bpp)
     # Protected: up to its max, never into best-effort's dedicated or min share.
-    np.multiply(cap_prb * np.minimum(qmax[..., 0], 1.0 - np.maximum(qded[..., 1], qmin[..., 1])), bpp,
-                out=capacity[0])
-    queue[0] = lindley(a[0] - capacity[0], q0[0])
-    served[0] = served_from(queue[0], q0[0], a[0])
-    prb_p = served[0] / bpp
+    np.multiply(cap_bytes, np.minimum(qmax[..., 0], 1.0 - np.maximum(qded[..., 1], qmin[..., 1])), out=capacity[0])
+    np.subtract(a[0], capacity[0], out=queue[0])
+    lindley(queue[0], q0[0], out=queue[0])
+    served_from(queue[0], q0[0], a[0], out=served[0])
     # Best-effort: up to its max, in what the protected slice left (its dedicated PRBs stay out of reach).
-    cap_b = np.minimum(cap_prb * qmax[..., 1], cap_prb - np.maximum(prb_p, cap_prb * qded[..., 0]))
-    np.maximum(cap_b, 0.0, out=cap_b)
-    np.multiply(cap_b, bpp, out=capacity[1])
-    queue[1] = lindley(a[1] - capacity[1], q0[1])
-    served[1] = served_from(queue[1], q0[1], a[1])
-    cap_b -= served[1] / bpp
-    np.maximum(cap_b, 0.0, out=cap_b)
-    return SliceSchedule(served=served, queue=queue, capacity=capacity, be_headroom_prb=cap_b)
+    cb = capacity[1]
+    if np.any(qded[..., 0] > 0):
+        np.maximum(served[0], cap_bytes * qded[..., 0], out=cb)
+        np.subtract(cap_bytes, cb, out=cb)
+    else:
+        np.subtract(cap_bytes, served[0], out=cb)
+    if np.any(qmax[..., 1] < 1):
+        np.minimum(cb, cap_bytes * qmax[..., 1], out=cb)
+    np.maximum(cb, 0.0, out=cb)
+    np.subtract(a[1], cb, out=queue[1])
+    lindley(queue[1], q0[1], out=queue[1])
+    served_from(queue[1], q0[1], a[1], out=served[1])
+    head = np.subtract(cb, served[1], out=cap_bytes)
+    np.maximum(head, 0.0, out=head)
+    return SliceSchedule(served=served, queue=queue, capacity=capacity, be_headroom=head)
 
 
 @dataclass

@@ -216,8 +216,7 @@ class RanModel:
                 continue
             d = self._compute_stage(s, start, E, nondef[:, s], is_u[:, s], dl_frac[:, s] > 0,
                                     kd * served_be_dl[:, s], ku * served_be_ul[:, s],
-                                    kd * dl.be_headroom_prb[:, s] * arr.bpp_dl[:, s],
-                                    ku * ul.be_headroom_prb[:, s] * arr.bpp_ul[:, s])
+                                    kd * dl.be_headroom[:, s], ku * ul.be_headroom[:, s])
             demand[:, s], dl_cells, ul_cells, dly = d
             served_be_dl[:, s] = dl_cells / kd
             served_be_ul[:, s] = ul_cells / ku
