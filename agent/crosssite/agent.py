@@ -84,6 +84,7 @@ class CrossSiteAgent(SiteAgent):
         self._stop_at: float | None = None
         self._round_end: float | None = None   # agent clock; set only during a round's work phase
         self._round_full = False                # the next micro-batch would overrun the work deadline
+        self._round_eval_step = 0               # validate after the first committed round this step is reached
 
     # --- the loop: one round per pass while the tier is on --------------------------------------
     def run(self, max_seconds: float | None = None) -> None:
@@ -243,8 +244,13 @@ class CrossSiteAgent(SiteAgent):
         self._failures_in_a_row = 0
         _, report = lease_stream_callbacks(self.client)
         report(rec)
-        if self.config.train.eval_every and (rec.committed or self._evaluating):
-            # the model now holds the global weights: validate those (restarting a validation in flight)
-            self._evaluating, self._eval_sum = self.config.train.eval_samples, 0.0
+        c = self.config.train
+        if c.eval_every and rec.committed and not self._evaluating and self.trainer.step >= self._round_eval_step:
+            # The model now holds the new global weights: validate those, at the start of the next work
+            # phase, every eval_every of this site's optimizer steps. A validation still in flight is
+            # never restarted: on a site with little budget it would then never finish, and since it
+            # runs before training, the site would never train (it may span two global models instead).
+            self._round_eval_step = self.trainer.step + c.eval_every
+            self._evaluating, self._eval_sum = c.eval_samples, 0.0
         log.info("round %s", json.dumps({k: v for k, v in rec.to_json().items() if not isinstance(v, float)
                                          or math.isfinite(v)}))
