@@ -193,18 +193,20 @@ class SyntheticTrace:
             mp = (m * self.shares[:, :1] / PROTECTED_ACTIVE)[:, None, :]
             mb = (m * self.shares[:, 1:] / p_act)[:, None, :]
             # In place on the float32 draws, then scaled straight into the slice-first (L, T, S, C)
-            # layout. Idle slots keep finite values (<= 0 before the log) and are zeroed by the mask.
+            # layout. Idle slots are set to 1 before the log (log 1 = 0: a finite value the mask or
+            # the product zeroes); a masked log (`where=`) would cost ~20x a plain one.
             a = np.empty((2, T, S, C))
-            x, active = u[:, d], u[:, d] < PROTECTED_ACTIVE
+            x, idle = u[:, d], u[:, d] >= PROTECTED_ACTIVE
             np.subtract(PROTECTED_ACTIVE, x, out=x)
             x *= np.float32(1 / PROTECTED_ACTIVE)
-            np.log(x, out=x, where=active)
-            x *= active
-            np.multiply(x, -mp, out=a[0].transpose(1, 0, 2))  # Exp(1) x mean while active
-            x, active = u[:, 2 + d], u[:, 2 + d] < p_act32
+            np.maximum(x, idle, out=x)
+            np.log(x, out=x)
+            np.multiply(x, -mp, out=a[0].transpose(1, 0, 2))  # Exp(1) x mean while active, 0 when idle
+            x, idle = u[:, 2 + d], u[:, 2 + d] >= p_act32
             np.subtract(p_act32, x, out=x)
             x /= p_act32
-            np.log(x, out=x, where=active)
+            np.maximum(x, idle, out=x)
+            np.log(x, out=x)
             x *= -2.0
             np.sqrt(x, out=x)
             angle = u[:, 4 + d]
@@ -213,7 +215,7 @@ class SyntheticTrace:
             x *= BURST_SIGMA
             x -= BURST_SIGMA ** 2 / 2
             np.exp(x, out=x)
-            x *= active
+            x *= ~idle
             np.multiply(x, mb, out=a[1].transpose(1, 0, 2))  # lognormal burst of mean 1 x mean / p_act
             mcs = np.clip(np.rint(self.mcs_mean[:, d, None, :] + 3.0 * mcs_noise[:, d]), 0, 27).astype(np.intp)
             pool = (DL_LAYERS if d == 0 else UL_LAYERS)[0]
