@@ -25,6 +25,7 @@ import torch
 # Layout of the small SUM-reduced statistics vector every site sends first.
 STAT_TOKENS, STAT_TOKEN_STEPS, STAT_STEPS, STAT_STEPS2, STAT_CONTRIBUTORS, STAT_SITES = range(6)
 N_STATS = 6
+MAX_EXACT = float(2**53)  # largest count a float64 all-reduce still sums exactly
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,9 @@ class RoundStats:
         if t.shape != (N_STATS,):
             raise ValueError(f"round statistics must have shape ({N_STATS},), got {tuple(t.shape)}")
         v = t.tolist()
-        if not all(math.isfinite(x) and x >= 0 for x in v):
-            raise ValueError(f"round statistics must be finite and non-negative, got {v}")
+        if not all(math.isfinite(x) and 0 <= x <= MAX_EXACT for x in v):
+            # beyond 2**53 float64 sums are no longer exact counts (and no round trains that many tokens)
+            raise ValueError(f"round statistics must be finite, non-negative and <= 2**53, got {v}")
         return cls(tokens=int(round(v[STAT_TOKENS])), token_steps=v[STAT_TOKEN_STEPS], steps=v[STAT_STEPS],
                    steps2=v[STAT_STEPS2], contributors=int(round(v[STAT_CONTRIBUTORS])),
                    sites=int(round(v[STAT_SITES])))
@@ -100,6 +102,7 @@ class RoundStats:
     @property
     def tau_eff(self) -> float:
         return self.token_steps / self.tokens if self.tokens > 0 else 0.0
+
 
 
 def stats_tensor(work: LocalWork) -> torch.Tensor:
