@@ -93,6 +93,34 @@ class PeriodReport:
         return self.prb_used_dl / np.maximum(self.prb_avail_dl, 1e-9)
 
 
+@dataclass(frozen=True)
+class PeriodLayout:
+    """What depends only on the period length: TDD per slot and site (T, S), each direction's PRBs per
+    slot and cell (T, S, C), the fixed PHY SMs per slot, slot counts per direction (S, 1)."""
+
+    dl_frac: np.ndarray
+    is_u: np.ndarray
+    is_dl: np.ndarray
+    cap_dl: np.ndarray
+    cap_ul: np.ndarray
+    fixed_dl: np.ndarray  # SMs of every cell's fixed PDSCH cost in D/S slots
+    fixed_ul: np.ndarray  # SMs (before the decode spill) of every cell's fixed PUSCH cost in U slots
+    n_dl: np.ndarray  # DL slot-equivalents
+    n_ul: np.ndarray
+    ones: np.ndarray  # (T,) for sums over time
+
+    @classmethod
+    def build(cls, dl_frac: np.ndarray, is_u: np.ndarray, prbs: np.ndarray, cost: PhyCost) -> PeriodLayout:
+        n_cells = prbs.shape[1]
+        cd, cu = cost.dl, cost.ul
+        return cls(dl_frac=dl_frac, is_u=is_u, is_dl=dl_frac > 0,
+                   cap_dl=dl_frac[:, :, None] * prbs[None], cap_ul=is_u[:, :, None] * prbs[None],
+                   fixed_dl=(dl_frac > 0) * (n_cells * cd.a / cd.budget_us),
+                   fixed_ul=is_u * (n_cells * cu.a / cu.budget_us),
+                   n_dl=dl_frac.sum(axis=0)[:, None], n_ul=np.maximum(is_u.sum(axis=0), 1)[:, None],
+                   ones=np.ones(len(dl_frac)))
+
+
 class RanModel:
     """The simulated RAN of a scenario. Not thread-safe; one owner calls `step_period` in order."""
 
@@ -122,7 +150,7 @@ class RanModel:
         self.delay_hist = np.zeros((2, 2, DELAY_BINS))
         self.offered_bytes = np.zeros((S, C, 2))
         self.served_bytes = np.zeros((S, C, 2))
-        self._layout: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._layout: dict[int, PeriodLayout] = {}
 
     # --- controls (what RC control and the agent's usage reports set) ---
     def set_slice_quota(self, site: int, cell: int, sst: int, sd: int | None, min_ratio: float,
@@ -167,6 +195,10 @@ class RanModel:
 
     # --- the period ---
     def _tdd(self, n_slots: int) -> tuple[np.ndarray, np.ndarray]:
+        lay = self._period_layout(n_slots)
+        return lay.dl_frac, lay.is_u
+
+    def _period_layout(self, n_slots: int) -> PeriodLayout:
         if n_slots not in self._layout:
             dl, u = [], []
             for site in self.scenario.sites:
@@ -175,46 +207,45 @@ class RanModel:
                     raise ModelConfigError(f"n_slots {n_slots} not a multiple of the TDD pattern {site.tdd}")
                 dl.append(np.tile(d, n_slots // len(d)))
                 u.append(np.tile(uu, n_slots // len(d)))
-            self._layout[n_slots] = (np.stack(dl, 1), np.stack(u, 1))  # (T, S)
+            self._layout[n_slots] = PeriodLayout.build(np.stack(dl, 1), np.stack(u, 1), self.prbs, self.cost)
         return self._layout[n_slots]
 
     def step_period(self, n_slots: int | None = None) -> PeriodReport:
         sc = self.scenario
         T = n_slots or sc.period_slots
+        S, C = sc.n_sites, sc.n_cells
         start = self.slot
-        dl_frac, is_u = self._tdd(T)
+        lay = self._period_layout(T)
+        is_u = lay.is_u
         arr = self.trace.arrivals(start, T)
-        cap_dl = dl_frac[:, :, None] * self.prbs[None]  # (T,S,C)
-        cap_ul = is_u[:, :, None] * self.prbs[None]
-        dl = schedule_cells(arr.dl, cap_dl, arr.bpp_dl, self.quota, self.q_dl)
-        ul = schedule_cells(arr.ul, cap_ul, arr.bpp_ul, self.quota, self.q_ul)
+        dl = schedule_cells(arr.dl, lay.cap_dl, arr.bpp_dl, self.quota, self.q_dl)
+        ul = schedule_cells(arr.ul, lay.cap_ul, arr.bpp_ul, self.quota, self.q_ul)
         q0_dl, q0_ul = self.q_dl, self.q_ul
-        self.q_dl, self.q_ul = dl.queue[:, -1], ul.queue[:, -1]
+        self.q_dl, self.q_ul = dl.queue[:, -1].copy(), ul.queue[:, -1].copy()
         cd, cu = self.cost.dl, self.cost.ul
         kd, ku = cd.work_per_byte, cu.work_per_byte
-        n_cells = sc.n_cells
+        # Sums over time or cells go through matmul with a ones vector: numpy's reductions over an
+        # axis other than the last, with a short trailing one, are several times slower here.
+        ones_c = np.ones(C)
+        site_dl = (dl.served.reshape(2, T * S, C) @ ones_c).reshape(2, T, S)  # bytes per slice and site
+        site_ul = (ul.served.reshape(2, T * S, C) @ ones_c).reshape(2, T, S)
         # Non-deferrable SMs: fixed per-slot costs of every cell + the protected slice.
-        # einsum: numpy's sum over a middle axis with a short trailing one is several times slower.
-        site_dl = np.einsum("ltsc->lts", dl.served)  # (2,T,S) bytes per slice and site
-        site_ul = np.einsum("ltsc->lts", ul.served)
-        fixed_dl = (dl_frac > 0) * (n_cells * cd.a / cd.budget_us)
-        ul_at_u = is_u * (n_cells * cu.a / cu.budget_us) + (ku / cu.budget_us) * site_ul[0]
-        nondef = fixed_dl + (kd / cd.budget_us) * site_dl[0] + ul_spill(ul_at_u)
+        nondef = lay.fixed_dl + (kd / cd.budget_us) * site_dl[0] + ul_spill(lay.fixed_ul + (ku / cu.budget_us) * site_ul[0])
         offered = nondef + (kd / cd.budget_us) * site_dl[1] + ul_spill((ku / cu.budget_us) * site_ul[1])
         demand = offered.copy()
         # Best-effort bytes served per cell; the compute-aware stage rewrites its sites' rows in place.
         served_be_dl = dl.served[1]
         served_be_ul = ul.served[1]
         if self.track_delay:  # before the compute stage rewrites the best-effort rows
-            self._add_mac_delays(arr.dl, dl, q0_dl)
-            self._add_mac_delays(arr.ul, ul, q0_ul)
-        added_max = np.zeros(sc.n_sites)
-        deferred = np.zeros(sc.n_sites)
-        for s in range(sc.n_sites):
+            self._add_mac_delays(arr.dl, dl, q0_dl, site_dl.reshape(2, -1).sum(axis=1))
+            self._add_mac_delays(arr.ul, ul, q0_ul, site_ul.reshape(2, -1).sum(axis=1))
+        added_max = np.zeros(S)
+        deferred = np.zeros(S)
+        for s in range(S):
             E = self.envelope[s]
             if not np.isfinite(E) and not self.backlog_dl[s].total and not self.backlog_ul[s].total:
                 continue
-            d = self._compute_stage(s, start, E, nondef[:, s], is_u[:, s], dl_frac[:, s] > 0,
+            d = self._compute_stage(s, start, E, nondef[:, s], is_u[:, s], lay.is_dl[:, s],
                                     kd * served_be_dl[:, s], ku * served_be_ul[:, s],
                                     kd * dl.be_headroom[:, s], ku * ul.be_headroom[:, s])
             demand[:, s], dl_cells, ul_cells, dly = d
@@ -222,25 +253,29 @@ class RanModel:
             served_be_ul[:, s] = ul_cells / ku
             added_max[s] = dly * SLOT_S * 1e3
             deferred[s] = self.backlog_dl[s].total / kd + self.backlog_ul[s].total / ku
-        misses = (demand > (self.gpu_sms - self.training_sms)[None] + 1e-9).sum(axis=0)
+        ones_t = lay.ones
+        misses = (ones_t @ (demand > (self.gpu_sms - self.training_sms)[None] + 1e-9)).astype(np.int64)
 
-        off_dl, off_ul = np.einsum("ltsc->scl", arr.dl), np.einsum("ltsc->scl", arr.ul)
-        self.offered_bytes += off_dl + off_ul
+        def per_cell(x):  # (L, T, S, C) summed over time -> (S, C, L)
+            return np.moveaxis((ones_t @ x.reshape(2, T, S * C)).reshape(2, S, C), 0, -1)
+
+        off = per_cell(arr.dl) + per_cell(arr.ul)
+        self.offered_bytes += off
         served_dl, served_ul = dl.served, ul.served  # best-effort rows already rewritten above
-        bytes_dl, bytes_ul = np.einsum("ltsc->scl", served_dl), np.einsum("ltsc->scl", served_ul)
+        bytes_dl, bytes_ul = per_cell(served_dl), per_cell(served_ul)
         self.served_bytes += bytes_dl + bytes_ul
-        n_dl = dl_frac.sum(axis=0)[:, None]  # (S,1) DL slot-equivalents
-        n_ul = np.maximum(is_u.sum(axis=0), 1)[:, None]
+        n_dl, n_ul = lay.n_dl, lay.n_ul
         prb_dl = np.einsum("ltsc,tsc->scl", served_dl, 1.0 / arr.bpp_dl)  # PRB-slots per slice
         prb_ul = np.einsum("ltsc,tsc->scl", served_ul, 1.0 / arr.bpp_ul)
-        arrivals_per_slot = (off_dl + off_ul) / T
-        queue_mean = (np.einsum("ltsc->scl", dl.queue) + np.einsum("ltsc->scl", ul.queue)) / T
+        arrivals_per_slot = off / T
+        queue_mean = (per_cell(dl.queue) + per_cell(ul.queue)) / T
         self.slot += T
+        per_site = np.ascontiguousarray(np.stack([demand, offered, nondef]).transpose(0, 2, 1))  # (3, S, T)
+        mean, peak = per_site[:2] @ ones_t / T, per_site.max(axis=2)
         return PeriodReport(
             start_slot=start, n_slots=T, period_s=T * SLOT_S,
-            sm_mean=demand.mean(axis=0), sm_max=demand.max(axis=0),
-            offered_mean=offered.mean(axis=0), offered_max=offered.max(axis=0),
-            nondeferrable_max=nondef.max(axis=0), misses=misses, training_sms=self.training_sms.copy(),
+            sm_mean=mean[0], sm_max=peak[0], offered_mean=mean[1], offered_max=peak[1],
+            nondeferrable_max=peak[2], misses=misses, training_sms=self.training_sms.copy(),
             envelope=self.envelope.copy(), deferred_bytes=deferred, added_delay_max_ms=added_max,
             level=arr.level,
             prb_used_dl=prb_dl.sum(axis=2) / n_dl, prb_used_ul=prb_ul.sum(axis=2) / n_ul,
@@ -253,7 +288,7 @@ class RanModel:
             demand=demand, offered=offered, nondeferrable=nondef,
         )
 
-    def _add_mac_delays(self, a: np.ndarray, sched, q0: np.ndarray) -> None:
+    def _add_mac_delays(self, a: np.ndarray, sched, q0: np.ndarray, served_per_slice: np.ndarray) -> None:
         """Bytes-weighted FIFO delay of what left the MAC queues of one direction, into `delay_hist[0]`.
         Only slots that started with a backlog are searched; everything else left in the slot it came."""
         L, T = a.shape[:2]
@@ -263,7 +298,7 @@ class RanModel:
         idx = (d.queue // n_per_slice) * DELAY_BINS + np.minimum(d.delay, DELAY_BINS - 1)
         late = np.bincount(idx, d.served, L * DELAY_BINS).reshape(L, DELAY_BINS)
         hist = self.delay_hist[0]
-        hist[:, 0] += np.einsum("ltsc->l", sched.served) - late.sum(axis=1)
+        hist[:, 0] += served_per_slice - late.sum(axis=1)
         hist += late
 
     @staticmethod
