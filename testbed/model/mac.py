@@ -195,15 +195,25 @@ def fifo_serve(backlog: FifoBacklog, start_slot: int, arrivals: np.ndarray, serv
     slots, amounts = slots[nonempty], amounts[nonempty]
     if not len(slots):
         return FifoResult(np.zeros((T, C)), np.zeros(T), FifoBacklog.empty(C))
-    cum_cells = np.vstack([np.zeros((1, C)), np.cumsum(amounts, axis=0)])  # (K+1, C)
-    cum = cum_cells.sum(axis=1)
+    K = len(slots)
+    cum_cells = np.empty((K + 1, C))  # cumulative work per cell over the chunks
+    cum_cells[0] = 0.0
+    np.cumsum(amounts, axis=0, out=cum_cells[1:])
+    cum = cum_cells @ np.ones(C)
     dep = np.minimum(np.cumsum(served), cum[-1])
-    idx = np.arange(len(cum), dtype=float)
+    idx = np.arange(K + 1, dtype=float)
     tau = np.interp(dep, cum, idx)  # fractional FIFO position reached after each slot
-    dep_cells = np.empty((T, C))
-    for c in range(C):
-        dep_cells[:, c] = np.interp(tau, idx, cum_cells[:, c])
-    per_cell = np.maximum(np.diff(np.vstack([np.zeros((1, C)), dep_cells]), axis=0), 0.0)
+    # Every cell's cumulative departures at tau: linear interpolation between whole chunks, for all
+    # cells at once (what np.interp per cell computes).
+    k = np.minimum(tau.astype(np.intp), K - 1)
+    frac = (tau - k)[:, None]
+    dep_cells = cum_cells[k + 1] - cum_cells[k]
+    dep_cells *= frac
+    dep_cells += cum_cells[k]
+    per_cell = np.empty((T, C))
+    per_cell[0] = dep_cells[0]
+    np.subtract(dep_cells[1:], dep_cells[:-1], out=per_cell[1:])
+    np.maximum(per_cell, 0.0, out=per_cell)
     # Delay of the oldest work leaving in each slot: the FIFO head at the start of the slot.
     tau_start = np.concatenate([[0.0], tau[:-1]])
     head = np.minimum(np.floor(tau_start + 1e-12).astype(int), len(slots) - 1)
