@@ -35,7 +35,9 @@ MARKOV_MOVES = np.array([
     [0.0, 0.8, 0.0, 0.2],
     [0.0, 0.3, 0.7, 0.0],
 ])
+_MOVES_CDF = np.cumsum(MARKOV_MOVES, axis=1)
 MCS_BLOCK = 20  # slots over which MCS and layers stay put
+BATCH_SLOTS = 2000  # shorter periods are generated this many slots at a time
 PROTECTED_ACTIVE = 0.6  # share of slots in which the protected slice has something to send
 BURST_SIGMA = 1.0  # lognormal sigma of best-effort bursts
 
@@ -122,6 +124,7 @@ class SyntheticTrace:
         root = np.random.SeedSequence(seed)
         self.rngs = [np.random.default_rng(s) for s in root.spawn(scenario.n_sites)]
         self.markov = np.ones(scenario.n_sites, dtype=int)  # start in `normal`
+        self._batch: _Batch | None = None
         # Per-site dwell (s) and per-cell mean bytes per slot at lambda = 1 (all slices), per direction.
         self.dwell_s = np.array([rng.uniform(60, 180) for rng in self.rngs])
         self.mean_dl = np.zeros((scenario.n_sites, scenario.n_cells))
@@ -152,6 +155,9 @@ class SyntheticTrace:
 
     def level(self, start_slot: int) -> np.ndarray:
         """lambda_s at a slot (diurnal x scale x current Markov state), shape (S,)."""
+        return self._level(start_slot, self.markov)
+
+    def _level(self, start_slot: int, markov: np.ndarray) -> np.ndarray:
         sc = self.scenario
         hour = sc.start_hour + start_slot * SLOT_S * sc.day_speedup / 3600
         # All sites' harmonics at once (a per-site scalar evaluation costs more than the rest of a period).
@@ -159,49 +165,69 @@ class SyntheticTrace:
         y = self.coef[:, 0] + np.einsum("sk,sk->s", self.coef[:, 1::2], np.cos(w)) \
             + np.einsum("sk,sk->s", self.coef[:, 2::2], np.sin(w))
         shape = (y - self.shape_lo) / self.shape_span
-        return self.scale * (RHO + (1 - RHO) * shape) * MARKOV_LEVELS[self.markov]
-
-    def _step_markov(self, n_slots: int) -> None:
-        p_leave = np.minimum(1.0, n_slots * SLOT_S * self.scenario.day_speedup / self.dwell_s)
-        for s, rng in enumerate(self.rngs):
-            u, v = rng.random(2)
-            if u < p_leave[s]:
-                self.markov[s] = int(np.searchsorted(np.cumsum(MARKOV_MOVES[self.markov[s]]), v, side="right"))
+        return self.scale * (RHO + (1 - RHO) * shape) * MARKOV_LEVELS[markov]
 
     def arrivals(self, start_slot: int, n_slots: int) -> Arrivals:
+        """The next period's arrivals. Short periods are generated BATCH_SLOTS at a time (numpy's
+        per-call cost dominates below that) and handed out in order; a call that does not continue
+        the batch (another start or length) drops the rest of it, so the arrays are a function of the
+        seed and the sequence of calls. `markov` and `level()` always describe the next period."""
+        b = self._batch
+        if b is None or b.n_slots != n_slots or b.next_start != start_slot or b.next >= len(b.level):
+            b = self._batch = self._generate(start_slot, n_slots, max(1, BATCH_SLOTS // n_slots))
+        p = b.next
+        b.next += 1
+        b.next_start += n_slots
+        self.markov = b.markov[p + 1]
+        return Arrivals(dl=b.dl[p], ul=b.ul[p], bpp_dl=b.bpp_dl[p], bpp_ul=b.bpp_ul[p], level=b.level[p])
+
+    def _generate(self, start_slot: int, n_slots: int, n_periods: int) -> _Batch:
         sc = self.scenario
-        S, C, T = sc.n_sites, sc.n_cells, n_slots
-        lam = self.level(start_slot)
+        S, C, T, P = sc.n_sites, sc.n_cells, n_slots, n_periods
         n_blocks = -(-T // MCS_BLOCK)
         # Each site draws from its own generator; the arithmetic then runs once for all sites. Only
         # float32 uniforms are drawn (numpy's float32 normals cost ~8x a uniform here): given that a slot
         # is active (u < p), (p - u) / p is again uniform on (0, 1], so the activity draw also yields the
         # protected slice's exponential amount (-ln) and the radius of a Box-Muller normal for the
         # best-effort lognormal burst, whose angle takes one more uniform.
-        u = np.empty((S, 6, T, C), dtype=np.float32)  # activity: prot dl, ul, be dl, ul; angle: be dl, ul
-        mcs_noise = np.empty((S, 2, n_blocks, C))
-        layer_u = np.empty((S, 2, n_blocks, C))
+        u = np.empty((S, 6, P, T, C), dtype=np.float32)  # activity: prot dl, ul, be dl, ul; angle: be dl, ul
+        mcs_noise = np.empty((S, 2, P, n_blocks, C))
+        layer_u = np.empty((S, 2, P, n_blocks, C))
+        moves = np.empty((S, P, 2))
         for s, rng in enumerate(self.rngs):
             rng.random(dtype=np.float32, out=u[s])
             rng.standard_normal(out=mcs_noise[s])
             rng.random(out=layer_u[s])
-        p_act = np.clip(0.1 + self.p_slope * lam[:, None], 0.05, 0.9)  # (S, C)
-        p_act32 = p_act[:, None, :].astype(np.float32)
+            rng.random(out=moves[s])
+        # The Markov path: one step per period, leaving the state with probability T / dwell.
+        p_leave = np.minimum(1.0, T * SLOT_S * sc.day_speedup / self.dwell_s)
+        markov = np.empty((P + 1, S), dtype=int)
+        markov[0] = self.markov
+        lam = np.empty((P, S))
+        for p in range(P):
+            lam[p] = self._level(start_slot + p * T, markov[p])
+            leave = moves[:, p, 0] < p_leave
+            nxt = (_MOVES_CDF[markov[p]] <= moves[:, p, 1:]).sum(axis=1)  # searchsorted(cdf, v, "right")
+            markov[p + 1] = np.where(leave, nxt, markov[p])
+        # Period-dependent scales, shaped (S, P, 1, C) to broadcast over the (S, P, T, C) draws.
+        lam_spc = lam.T[:, :, None]
+        p_act = np.clip(0.1 + self.p_slope[:, None, :] * lam_spc, 0.05, 0.9)  # (S, P, C)
+        p_act32 = p_act[:, :, None, :].astype(np.float32)
         out = []
         for d, mean in enumerate((self.mean_dl, self.mean_ul)):
-            m = mean * lam[:, None]  # (S, C) bytes per slot, all slices
-            mp = (m * self.shares[:, :1] / PROTECTED_ACTIVE)[:, None, :]
-            mb = (m * self.shares[:, 1:] / p_act)[:, None, :]
-            # In place on the float32 draws, then scaled straight into the slice-first (L, T, S, C)
-            # layout. Idle slots are set to 1 before the log (log 1 = 0: a finite value the mask or
-            # the product zeroes); a masked log (`where=`) would cost ~20x a plain one.
-            a = np.empty((2, T, S, C))
+            m = mean[:, None, :] * lam_spc  # (S, P, C) bytes per slot, all slices
+            mp = (m * self.shares[:, None, :1] / PROTECTED_ACTIVE)[:, :, None, :]
+            mb = (m * self.shares[:, None, 1:] / p_act)[:, :, None, :]
+            # In place on the float32 draws, then scaled straight into the period-major, slice-first
+            # (P, L, T, S, C) layout. Idle slots are set to 1 before the log (log 1 = 0: a finite value
+            # the mask or the product zeroes); a masked log (`where=`) would cost ~20x a plain one.
+            a = np.empty((P, 2, T, S, C))
             x, idle = u[:, d], u[:, d] >= PROTECTED_ACTIVE
             np.subtract(PROTECTED_ACTIVE, x, out=x)
             x *= np.float32(1 / PROTECTED_ACTIVE)
             np.maximum(x, idle, out=x)
             np.log(x, out=x)
-            np.multiply(x, -mp, out=a[0].transpose(1, 0, 2))  # Exp(1) x mean while active, 0 when idle
+            np.multiply(x, -mp, out=a[:, 0].transpose(2, 0, 1, 3))  # Exp(1) x mean while active, 0 idle
             x, idle = u[:, 2 + d], u[:, 2 + d] >= p_act32
             np.subtract(p_act32, x, out=x)
             x /= p_act32
@@ -216,14 +242,30 @@ class SyntheticTrace:
             x -= BURST_SIGMA ** 2 / 2
             np.exp(x, out=x)
             x *= ~idle
-            np.multiply(x, mb, out=a[1].transpose(1, 0, 2))  # lognormal burst of mean 1 x mean / p_act
-            mcs = np.clip(np.rint(self.mcs_mean[:, d, None, :] + 3.0 * mcs_noise[:, d]), 0, 27).astype(np.intp)
+            np.multiply(x, mb, out=a[:, 1].transpose(2, 0, 1, 3))  # lognormal burst of mean 1 x mean / p_act
+            mcs = np.clip(np.rint(self.mcs_mean[:, d, None, None, :] + 3.0 * mcs_noise[:, d]), 0, 27).astype(np.intp)
             pool = (DL_LAYERS if d == 0 else UL_LAYERS)[0]
-            layers = np.minimum(pool[np.searchsorted(self.layer_cdf[d], layer_u[:, d])], self.max_layers[:, d, None, :])
-            bpp = (N_RE / 8) * SPECTRAL_EFFICIENCY[mcs] * layers  # (S, blocks, C)
-            out.append((a, np.repeat(bpp.transpose(1, 0, 2), MCS_BLOCK, axis=0)[:T]))  # (T, S, C) contiguous
-        self._step_markov(n_slots)
-        return Arrivals(dl=out[0][0], ul=out[1][0], bpp_dl=out[0][1], bpp_ul=out[1][1], level=lam)
+            layers = np.minimum(pool[np.searchsorted(self.layer_cdf[d], layer_u[:, d])],
+                                self.max_layers[:, d, None, None, :])
+            bpp = (N_RE / 8) * SPECTRAL_EFFICIENCY[mcs] * layers  # (S, P, blocks, C)
+            out.append((a, np.repeat(bpp.transpose(1, 2, 0, 3), MCS_BLOCK, axis=1)[:, :T]))  # (P, T, S, C)
+        return _Batch(n_slots=T, next_start=start_slot, next=0, level=lam, markov=markov,
+                      dl=out[0][0], ul=out[1][0], bpp_dl=out[0][1], bpp_ul=out[1][1])
+
+
+@dataclass
+class _Batch:
+    """Arrivals generated ahead for consecutive periods of one length; `next` is the next to hand out."""
+
+    n_slots: int
+    next_start: int
+    next: int
+    level: np.ndarray  # (P, S)
+    markov: np.ndarray  # (P + 1, S): the state during each period, then after the last
+    dl: np.ndarray  # (P, L, T, S, C)
+    ul: np.ndarray
+    bpp_dl: np.ndarray  # (P, T, S, C)
+    bpp_ul: np.ndarray
 
 
 DL_LAYERS = (np.array([2, 3, 4]), np.array([0.2, 0.3, 0.5]))
