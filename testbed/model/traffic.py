@@ -190,7 +190,8 @@ class SyntheticTrace:
         # is active (u < p), (p - u) / p is again uniform on (0, 1], so the activity draw also yields the
         # protected slice's exponential amount (-ln) and the radius of a Box-Muller normal for the
         # best-effort lognormal burst, whose angle takes one more uniform.
-        u = np.empty((S, 6, P, T, C), dtype=np.float32)  # activity: prot dl, ul, be dl, ul; angle: be dl, ul
+        # Time is the innermost axis of the draws, so per-cell factors broadcast along long rows.
+        u = np.empty((S, 6, P, C, T), dtype=np.float32)  # activity: prot dl, ul, be dl, ul; angle: be dl, ul
         mcs_noise = np.empty((S, 2, P, n_blocks, C))
         layer_u = np.empty((S, 2, P, n_blocks, C))
         moves = np.empty((S, P, 2))
@@ -209,16 +210,17 @@ class SyntheticTrace:
             leave = moves[:, p, 0] < p_leave
             nxt = (_MOVES_CDF[markov[p]] <= moves[:, p, 1:]).sum(axis=1)  # searchsorted(cdf, v, "right")
             markov[p + 1] = np.where(leave, nxt, markov[p])
-        # Period-dependent scales, shaped (S, P, 1, C) to broadcast over the (S, P, T, C) draws.
+        # Period-dependent scales, shaped (S, P, C, 1) to broadcast over the (S, P, C, T) draws.
         lam_spc = lam.T[:, :, None]
         p_act = np.clip(0.1 + self.p_slope[:, None, :] * lam_spc, 0.05, 0.9)  # (S, P, C)
-        p_act32 = p_act[:, :, None, :].astype(np.float32)
+        p_act32 = p_act[..., None].astype(np.float32)
+        scaled = np.empty((S, P, C, T))
         out = []
         for d, mean in enumerate((self.mean_dl, self.mean_ul)):
             m = mean[:, None, :] * lam_spc  # (S, P, C) bytes per slot, all slices
-            mp = (m * self.shares[:, None, :1] / PROTECTED_ACTIVE)[:, :, None, :]
-            mb = (m * self.shares[:, None, 1:] / p_act)[:, :, None, :]
-            # In place on the float32 draws, then scaled straight into the period-major, slice-first
+            mp = (m * self.shares[:, None, :1] / PROTECTED_ACTIVE)[..., None]
+            mb = (m * self.shares[:, None, 1:] / p_act)[..., None]
+            # In place on the float32 draws, then scaled and copied into the period-major, slice-first
             # (P, L, T, S, C) layout. Idle slots are set to 1 before the log (log 1 = 0: a finite value
             # the mask or the product zeroes); a masked log (`where=`) would cost ~20x a plain one.
             a = np.empty((P, 2, T, S, C))
@@ -227,7 +229,8 @@ class SyntheticTrace:
             x *= np.float32(1 / PROTECTED_ACTIVE)
             np.maximum(x, idle, out=x)
             np.log(x, out=x)
-            np.multiply(x, -mp, out=a[:, 0].transpose(2, 0, 1, 3))  # Exp(1) x mean while active, 0 idle
+            np.multiply(x, -mp, out=scaled)  # Exp(1) x mean while active, 0 idle
+            np.copyto(a[:, 0].transpose(2, 0, 3, 1), scaled)
             x, idle = u[:, 2 + d], u[:, 2 + d] >= p_act32
             np.subtract(p_act32, x, out=x)
             x /= p_act32
@@ -242,7 +245,8 @@ class SyntheticTrace:
             x -= BURST_SIGMA ** 2 / 2
             np.exp(x, out=x)
             x *= ~idle
-            np.multiply(x, mb, out=a[:, 1].transpose(2, 0, 1, 3))  # lognormal burst of mean 1 x mean / p_act
+            np.multiply(x, mb, out=scaled)  # lognormal burst of mean 1 x mean / p_act
+            np.copyto(a[:, 1].transpose(2, 0, 3, 1), scaled)
             mcs = np.clip(np.rint(self.mcs_mean[:, d, None, None, :] + 3.0 * mcs_noise[:, d]), 0, 27).astype(np.intp)
             pool = (DL_LAYERS if d == 0 else UL_LAYERS)[0]
             layers = np.minimum(pool[np.searchsorted(self.layer_cdf[d], layer_u[:, d])],
