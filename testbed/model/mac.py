@@ -16,6 +16,7 @@ Quota semantics (O-RAN RRM policy ratios, E2SM-RC Style 2 Action 6), as fraction
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -168,8 +169,9 @@ class FifoBacklog:
     def empty(cls, n_cells: int) -> FifoBacklog:
         return cls(np.zeros(0, dtype=np.int64), np.zeros((0, n_cells)))
 
-    @property
+    @cached_property
     def total(self) -> float:
+        """All waiting work (a backlog is never changed in place: the stage replaces it)."""
         return float(self.amounts.sum())
 
 

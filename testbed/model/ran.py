@@ -108,6 +108,8 @@ class PeriodLayout:
     n_dl: np.ndarray  # DL slot-equivalents
     n_ul: np.ndarray
     ones: np.ndarray  # (T,) for sums over time
+    u_slots: tuple[np.ndarray, ...]  # per site: indices of its U slots
+    ul_weight: np.ndarray  # (T, S) how many U slots' decode windows cover each slot, weighted (1, 1, 0.5)
 
     @classmethod
     def build(cls, dl_frac: np.ndarray, is_u: np.ndarray, prbs: np.ndarray, cost: PhyCost) -> PeriodLayout:
@@ -118,7 +120,9 @@ class PeriodLayout:
                    fixed_dl=(dl_frac > 0) * (n_cells * cd.a / cd.budget_us),
                    fixed_ul=is_u * (n_cells * cu.a / cu.budget_us),
                    n_dl=dl_frac.sum(axis=0)[:, None], n_ul=np.maximum(is_u.sum(axis=0), 1)[:, None],
-                   ones=np.ones(len(dl_frac)))
+                   ones=np.ones(len(dl_frac)),
+                   u_slots=tuple(np.flatnonzero(is_u[:, s]) for s in range(is_u.shape[1])),
+                   ul_weight=ul_spill(is_u.astype(float)))
 
 
 class RanModel:
@@ -216,7 +220,6 @@ class RanModel:
         S, C = sc.n_sites, sc.n_cells
         start = self.slot
         lay = self._period_layout(T)
-        is_u = lay.is_u
         arr = self.trace.arrivals(start, T)
         dl = schedule_cells(arr.dl, lay.cap_dl, arr.bpp_dl, self.quota, self.q_dl)
         ul = schedule_cells(arr.ul, lay.cap_ul, arr.bpp_ul, self.quota, self.q_ul)
@@ -245,7 +248,7 @@ class RanModel:
             E = self.envelope[s]
             if not np.isfinite(E) and not self.backlog_dl[s].total and not self.backlog_ul[s].total:
                 continue
-            d = self._compute_stage(s, start, E, nondef[:, s], is_u[:, s], lay.is_dl[:, s],
+            d = self._compute_stage(s, start, E, nondef[:, s], lay,
                                     kd * served_be_dl[:, s], ku * served_be_ul[:, s],
                                     kd * dl.be_headroom[:, s], ku * ul.be_headroom[:, s])
             demand[:, s], dl_cells, ul_cells, dly = d
@@ -308,7 +311,7 @@ class RanModel:
             return FifoResult(arrivals, np.zeros(len(served), dtype=np.intp), backlog)
         return fifo_serve(backlog, start, arrivals, served, limit=limit)
 
-    def _compute_stage(self, s, start, E, nondef, is_u, is_dl, be_dl, be_ul, head_dl, head_ul):
+    def _compute_stage(self, s, start, E, nondef, lay: PeriodLayout, be_dl, be_ul, head_dl, head_ul):
         """Shape site s's best-effort work under envelope E. Returns (demand (T,), DL work per cell
         served (T,C), UL work per cell served (T,C), oldest added delay in slots)."""
         cu, cd = self.cost.ul, self.cost.dl
@@ -316,9 +319,10 @@ class RanModel:
         room = np.maximum(E - nondef, 0.0) if np.isfinite(E) else np.full(T, np.inf)
         # UL: a U slot's work w adds w/1250 x (1, 1, 0.5) SMs to the next three slots. Where the windows
         # of consecutive U slots overlap, each gets the room in proportion to its weight there.
+        is_u, is_dl = lay.is_u[:, s], lay.is_dl[:, s]
         ul_cap = np.zeros(T)
-        u = np.flatnonzero(is_u)
-        weight = ul_spill(is_u.astype(float))
+        u = lay.u_slots[s]
+        weight = lay.ul_weight[:, s]
         per_weight = np.where(weight > 0, room / np.maximum(weight, 1e-12), np.inf)
         ul_cap[u] = cu.budget_us * np.minimum.reduce([per_weight[u + 1], per_weight[u + 2], per_weight[u + 3]])
         w_ul = np.einsum("tc->t", be_ul)
