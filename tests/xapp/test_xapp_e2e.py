@@ -102,7 +102,10 @@ async def _e2e(tmp, redis, python):
         delay = rv[0][0] - last_kpm
         print(f"lease revoked {delay * 1000:.0f} ms after the last KPM of site-0")
         assert rv[0][1].reason == "stale-kpm"
-        assert delay <= 1.5 * 0.1 + 0.1 + 0.15, f"revoked {delay:.3f} s after the last KPM"   # jitter on 2 cores
+        # The exact bound (revoked at the staleness limit, no later) is asserted in virtual time by
+        # test_xapp_loop.py::test_stale_kpm_revokes_within_the_staleness_limit; across two real
+        # processes on a shared 2-core host the wall clock adds scheduling jitter, hence the slack.
+        assert delay <= 1.5 * 0.1 + 1.0, f"revoked {delay:.3f} s after the last KPM"
         n_before = len(agent.leases())
         await asyncio.sleep(0.5)
         assert all(lease.sm_count == 0 for _, lease in agent.leases()[n_before:])   # no renewal while stale
