@@ -240,8 +240,7 @@ class RanModel:
         served_be_dl = dl.served[1]
         served_be_ul = ul.served[1]
         if self.track_delay:  # before the compute stage rewrites the best-effort rows
-            self._add_mac_delays(arr.dl, dl, q0_dl, site_dl.reshape(2, -1).sum(axis=1))
-            self._add_mac_delays(arr.ul, ul, q0_ul, site_ul.reshape(2, -1).sum(axis=1))
+            self._add_mac_delays(arr, dl, ul, q0_dl, q0_ul, (site_dl + site_ul).reshape(2, -1).sum(axis=1))
         added_max = np.zeros(S)
         deferred = np.zeros(S)
         for s in range(S):
@@ -291,14 +290,20 @@ class RanModel:
             demand=demand, offered=offered, nondeferrable=nondef,
         )
 
-    def _add_mac_delays(self, a: np.ndarray, sched, q0: np.ndarray, served_per_slice: np.ndarray) -> None:
-        """Bytes-weighted FIFO delay of what left the MAC queues of one direction, into `delay_hist[0]`.
-        Only slots that started with a backlog are searched; everything else left in the slot it came."""
-        L, T = a.shape[:2]
-        d = fifo_backlog_delays(a.reshape(L, T, -1), sched.served.reshape(L, T, -1), q0.reshape(L, -1),
-                                sched.queue.reshape(L, T, -1))
-        n_per_slice = d.n_queues // L
-        idx = (d.queue // n_per_slice) * DELAY_BINS + np.minimum(d.delay, DELAY_BINS - 1)
+    def _add_mac_delays(self, arr, dl, ul, q0_dl: np.ndarray, q0_ul: np.ndarray, served_per_slice: np.ndarray) -> None:
+        """Bytes-weighted FIFO delay of what left the MAC queues, into `delay_hist[0]`. Only slots that
+        started with a backlog are searched; everything else left in the slot it came. Both directions
+        go through one search (stacked: per-call costs dominate short periods)."""
+        L, T = arr.dl.shape[:2]
+
+        def both(x_dl, x_ul):  # (2 directions x L slices, T, queues)
+            return np.concatenate([x_dl.reshape(L, T, -1), x_ul.reshape(L, T, -1)])
+
+        d = fifo_backlog_delays(both(arr.dl, arr.ul), both(dl.served, ul.served),
+                                np.concatenate([q0_dl.reshape(L, -1), q0_ul.reshape(L, -1)]),
+                                both(dl.queue, ul.queue))
+        n_per_slice = d.n_queues // (2 * L)
+        idx = (d.queue // n_per_slice % L) * DELAY_BINS + np.minimum(d.delay, DELAY_BINS - 1)
         late = np.bincount(idx, d.served, L * DELAY_BINS).reshape(L, DELAY_BINS)
         hist = self.delay_hist[0]
         hist[:, 0] += served_per_slice - late.sum(axis=1)
