@@ -75,8 +75,8 @@ def run_arm(name: str, enforcer_cfg: EnforcerConfig, trace, args) -> dict:
             break
         d = enf.decide(now, trainer.pending_samples, cfg.step_samples)
         if isinstance(d, Launch):
-            r = trainer.micro_batch(d.size)
-            enf.record_micro_batch(d.size, now, now + r.wall_s, r.cpu_s)
+            r = trainer.micro_batch(d.size, d.fraction)
+            enf.record_micro_batch(d.size, now, now + r.wall_s, r.cpu_s, d.fraction)
         elif isinstance(d, StepNow):
             cpu0 = time.process_time()
             trainer.optimizer_step()

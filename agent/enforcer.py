@@ -28,6 +28,9 @@ from agent.config import EnforcerConfig
 # Why a window ended (also LeaseRecord.end in the inspection contract).
 PERIOD, EXPIRED, REVOKED, REPLACED = "period", "expired", "revoked", "replaced"
 PROBE_EVERY = 10          # windows between re-measurements when the fit says nothing fits
+WARM_POINTS = 8           # micro-batches measured before the fit's residual tail replaces `safety`
+MIN_FRACTION = 1 / 16     # shortest sequence share a tail-filling micro-batch may use
+EDGE_QUANTILE = 0.97      # residual quantile for a launch that ends at the window's edge (see decide)
 
 
 @dataclass(frozen=True)
@@ -61,8 +64,12 @@ class LeaseTerms:
 
 @dataclass(frozen=True)
 class Launch:
+    """Run `size` samples, each cut to `fraction` of the full sequence length (1.0: whole samples).
+    A fraction below 1 is only planned for the window's last launch, to fill the budget left after
+    whole samples: a shorter causal-LM sample is still a real training sample (its prefix)."""
     size: int
     predicted_s: float
+    fraction: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -106,11 +113,12 @@ class StepTimeFit:
     """
 
     def __init__(self, window: int = 64, tail_quantile: float = 0.9):
-        self.points: deque[tuple[int, float]] = deque(maxlen=window)
+        self.points: deque[tuple[float, float]] = deque(maxlen=window)
         self.tail_quantile = tail_quantile
         self.a, self.b, self.margin = 0.0, math.nan, 0.0
+        self.rel_margin = self.rel_edge_margin = 0.0
 
-    def add(self, size: int, seconds: float) -> None:
+    def add(self, size: float, seconds: float) -> None:
         self.points.append((size, seconds))
         self._refit()
 
@@ -146,17 +154,35 @@ class StepTimeFit:
                 a, b = self._line(kept)
                 resid = sorted(y - (a + b * x) for x, y in kept)
         self.a, self.b = a, b
-        q = resid[min(len(resid) - 1, int(self.tail_quantile * len(resid)))] if len(resid) > 2 else 0.0
-        self.margin = max(0.0, q)
+        # Margins are relative: on a contended host (shared caches, SMT siblings, clock changes) a
+        # micro-batch runs a few per cent slower as a whole, so the error grows with its length. An
+        # absolute margin, set by the largest launches' residuals, would idle small budgets.
+        kept = [(x, y) for x, y in pts if a + b * x > 0 and y - (a + b * x) <= resid[-1]]
+        ratios = sorted(y / (a + b * x) - 1.0 for x, y in kept)
 
-    def predict(self, size: int) -> float:
-        return self.a + self.b * size + self.margin
+        def quantile(q: float) -> float:
+            return max(0.0, ratios[min(len(ratios) - 1, int(q * len(ratios)))]) if len(ratios) > 2 else 0.0
+        self.rel_margin = quantile(self.tail_quantile)
+        self.rel_edge_margin = max(self.rel_margin, quantile(EDGE_QUANTILE))
+        mean_x = sum(x for x, _ in kept) / len(kept) if kept else 0.0
+        self.margin = self.rel_margin * (a + b * mean_x)     # seconds, at the typical size (for reports)
 
-    def largest_within(self, seconds: float, lo: int, hi: int) -> int:
-        """Largest B in [lo, hi] with predict(B) <= seconds, or 0 if none."""
+    def predict(self, size: float, edge: bool = False) -> float:
+        """Upper-quantile time of a micro-batch of `size` sample-equivalents (samples x fraction);
+        `edge`: the higher EDGE_QUANTILE, for a launch whose excess would be an overrun."""
+        return (self.a + self.b * size) * (1.0 + (self.rel_edge_margin if edge else self.rel_margin))
+
+    def work_within(self, seconds: float, edge: bool = False) -> float:
+        """Sample-equivalents whose predicted (upper-quantile) time fits `seconds`; <= 0 if none."""
+        if not self.ready:
+            return 0.0
+        return (seconds / (1.0 + (self.rel_edge_margin if edge else self.rel_margin)) - self.a) / self.b
+
+    def largest_within(self, seconds: float, lo: int, hi: int, edge: bool = False) -> int:
+        """Largest B in [lo, hi] with predict(B, edge) <= seconds, or 0 if none."""
         if not self.ready:
             return lo if seconds > 0 else 0
-        b = math.floor((seconds - self.a - self.margin) / self.b)
+        b = math.floor(self.work_within(seconds, edge))
         return min(hi, b) if b >= lo else 0
 
 
@@ -244,10 +270,17 @@ class BudgetEnforcer:
     def _probe_due(self, w: _Window) -> bool:
         return w.start - self._last_probe >= PROBE_EVERY * w.lease.period_s - 1e-9
 
-    def step_estimate(self) -> float:
+    def safety(self) -> float:
+        """Multiplicative planning safety. While the fit is young its residual quantile says little, so
+        the configured `safety` applies; once WARM_POINTS micro-batches were measured the fit's upper
+        residual quantile (its margin) is the guard, and scaling the budget down again would only
+        leave granted time idle (that alone cost ~10 % of the grant)."""
+        return 1.0 if len(self.fit.points) >= WARM_POINTS else self.config.safety
+
+    def step_estimate(self, q: float = 0.9) -> float:
         if self.step_times:
             times = sorted(self.step_times)
-            return times[int(0.9 * (len(times) - 1))]   # p90 of recent optimizer steps
+            return times[int(q * (len(times) - 1))]     # p90 (or the edge quantile) of recent optimizer steps
         return self.fit.a   # before any step was timed: the fixed per-launch cost
 
     def decide(self, now: float, pending_samples: int = 0, step_samples: int = 1) -> Decision:
@@ -273,16 +306,28 @@ class BudgetEnforcer:
         # While a due step does not fit, micro-batches that still fit keep accumulating into it.
         step_time = self.step_estimate()
         step_due = pending_samples >= step_samples
-        if step_due and c.safety * remaining >= step_time:
+        s = self.safety()
+        # A launch planned against what is left of the budget (not capped by the yield bound) ends at the
+        # window's edge, where any excess over the prediction is an overrun: plan it by a higher
+        # residual quantile. Earlier launches keep the 0.9 margin: their excess only shrinks the next.
+        edge = s * remaining <= c.max_batch_fraction * lease.period_s
+        if step_due and s * remaining >= (self.step_estimate(EDGE_QUANTILE) if edge else step_time):
             return StepNow(step_time)
-        if step_due and w.busy_s == 0 and remaining > 0 and step_time > c.safety * lease.budget_s \
+        if step_due and w.busy_s == 0 and remaining > 0 and step_time > s * lease.budget_s \
                 and self._probe_due(w):
             # Even a whole window's budget looks too small for the step: take it now and then (as a
             # probe) rather than never, or training would stall with its gradients pending forever.
             self._last_probe = w.start
             return StepNow(step_time)
-        plan = min(c.safety * remaining, c.max_batch_fraction * lease.period_s)
-        size = self.fit.largest_within(plan, c.min_micro_batch, c.max_micro_batch)
+        plan = min(s * remaining, c.max_batch_fraction * lease.period_s)
+        size = self.fit.largest_within(plan, c.min_micro_batch, c.max_micro_batch, edge)
+        if s == 1.0 and edge and size < c.max_micro_batch:
+            # What is left binds, so this is the window's last launch: fill it. Whole samples would leave up to
+            # one sample's time (plus, when none fits, a whole launch's) idle; the same launch with one
+            # sample more, each cut to the share of the sequence that fits, leaves almost none.
+            fill = self._fill(plan, size)
+            if fill is not None:
+                return fill
         if not size and w.busy_s == 0 and remaining > 0 and self._probe_due(w):
             # The fit says not even the smallest batch fits an untouched budget. That may be stale
             # (slow outliers, a warm-up): re-measure with the smallest batch, at most once every
@@ -292,18 +337,34 @@ class BudgetEnforcer:
             self._probing = True
             size = c.min_micro_batch
         if size:
-            return Launch(size, self.fit.predict(size) if self.fit.ready else 0.0)
+            return Launch(size, self.fit.predict(size, edge) if self.fit.ready else 0.0)
         return Idle(w.end if w.end < lease.expires_at else lease.expires_at, "budget-spent")
 
+    def _fill(self, plan: float, whole: int) -> Launch | None:
+        """`whole` + 1 samples cut to a common fraction of the sequence so the launch's upper-quantile
+        time fits `plan`; None when that fraction would be below MIN_FRACTION or is not needed."""
+        c = self.config
+        work = self.fit.work_within(plan, edge=True)
+        n = whole + 1
+        if n > c.max_micro_batch or n < c.min_micro_batch or work <= whole:
+            return None
+        frac = math.floor(work / n * 64) / 64      # coarse steps: few distinct shapes on a device
+        if frac < MIN_FRACTION or frac >= 1.0:
+            return None
+        return Launch(n, self.fit.predict(n * frac, edge=True), frac)
+
     # --- measurements ----------------------------------------------------------------------------
-    def record_micro_batch(self, size: int, started: float, ended: float, cpu_s: float = 0.0) -> None:
+    def record_micro_batch(self, size: int, started: float, ended: float, cpu_s: float = 0.0,
+                           fraction: float = 1.0) -> None:
+        """A micro-batch of `size` samples, each `fraction` of the full sequence, ran from `started` to `ended`."""
+        work = size * fraction
         if self._probing:
             self._probing = False
-            per_sample = (ended - started) / size
+            per_sample = (ended - started) / work
             kept = [(b, t) for b, t in self.fit.points if t / b <= 3 * per_sample]
             self.fit.points.clear()
             self.fit.points.extend(kept)
-        self.fit.add(size, ended - started)
+        self.fit.add(work, ended - started)
         self._account(started, ended, cpu_s, samples=size)
 
     def record_step(self, started: float, ended: float, cpu_s: float = 0.0) -> None:

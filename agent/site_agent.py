@@ -211,16 +211,18 @@ class SiteAgent:
     def _launch(self, d: Launch) -> None:
         t0 = self.clock()
         if self._evaluating:
-            cpu = self._eval_chunk(min(self._evaluating, 3 * d.size))   # forward-only is ~1/3 the cost
+            # forward-only is ~1/3 the cost of a training sample; full-length samples, so a tail-filling
+            # launch (fraction < 1) evaluates proportionally fewer
+            cpu = self._eval_chunk(min(self._evaluating, max(1, math.floor(3 * d.size * d.fraction))))
             t1 = self.clock()
             self.work_log.append((t0, t1, "eval"))
             with self._lock:
                 self.enforcer.record_other(t0, t1, cpu)
         else:
-            r = self.trainer.micro_batch(d.size)
+            r = self.trainer.micro_batch(d.size, d.fraction)
             self.work_log.append((t0, t0 + r.wall_s, "micro-batch"))
             with self._lock:
-                self.enforcer.record_micro_batch(d.size, t0, t0 + r.wall_s, r.cpu_s)
+                self.enforcer.record_micro_batch(d.size, t0, t0 + r.wall_s, r.cpu_s, d.fraction)
 
     def _fallback_iteration(self) -> None:
         """Unleased CPU training on the fallback cores (one thread unless configured)."""

@@ -62,6 +62,7 @@ class Trainer:
         self.last_loss = math.nan
         self.last_val_loss = math.nan
         self._pending_samples = 0
+        self._pending_tokens = 0
         self._pending_loss_sum = 0.0
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
@@ -77,14 +78,23 @@ class Trainer:
     def pending_samples(self) -> int:
         return self._pending_samples
 
-    def micro_batch(self, size: int) -> MicroBatchResult:
-        """Forward + backward on the next `size` training samples; gradients accumulate until `optimizer_step`."""
+    def micro_batch(self, size: int, fraction: float = 1.0) -> MicroBatchResult:
+        """Forward + backward on the next `size` training samples; gradients accumulate until `optimizer_step`.
+
+        `fraction` < 1 trains on the first max(1, floor(fraction x block)) tokens of each sample (a
+        causal LM's prefix is a valid sample): the enforcer uses it to fill the end of a lease window.
+        Gradients are token-weighted, so every token weighs the same in the step's mean."""
         if size < 1:
             raise ValueError(f"micro-batch size must be >= 1, got {size}")
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"micro-batch fraction must be in (0, 1], got {fraction}")
         block = self.config.model.block_size
+        tokens = max(1, math.floor(fraction * block + 1e-9))
         cpu0, wall0 = time.process_time(), time.perf_counter()
         cuda = self.device.type == "cuda"
         x, y = self.dataset.batch("train", self.samples_seen, size, block)
+        if tokens < block:
+            x, y = x[:, :tokens], y[:, :tokens]
         if cuda:
             # Timed from the first device operation: building the batch on the host uses no SMs.
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -92,7 +102,8 @@ class Trainer:
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         self.model.train()
         _, loss = self.model(x, y)
-        (loss * size).backward()     # sum over samples; divided by the total at the step
+        # Sum of per-sample losses, a cut sample weighing its share of tokens; divided by the total at the step.
+        (loss * (size * tokens / block)).backward()
         loss_value = loss.item()     # syncs the device, so the timing below covers the kernels
         if cuda:
             end.record()
@@ -101,20 +112,21 @@ class Trainer:
         else:
             wall = time.perf_counter() - wall0
         self.samples_seen += size
-        self.tokens_seen += size * block
+        self.tokens_seen += size * tokens
         self._pending_samples += size
-        self._pending_loss_sum += loss_value * size
-        return MicroBatchResult(size, size * block, loss_value, wall, time.process_time() - cpu0)
+        self._pending_tokens += size * tokens
+        self._pending_loss_sum += loss_value * size * tokens
+        return MicroBatchResult(size, size * tokens, loss_value, wall, time.process_time() - cpu0)
 
     def optimizer_step(self) -> StepResult | None:
         """Apply the accumulated gradient (mean over pending samples). None when nothing is pending."""
-        n = self._pending_samples
+        n, ntok = self._pending_samples, self._pending_tokens
         if n == 0:
             return None
-        loss = self._pending_loss_sum / n
+        loss = self._pending_loss_sum / ntok
         for p in self.model.parameters():
             if p.grad is not None:
-                p.grad.div_(n)
+                p.grad.div_(ntok / self.config.model.block_size)
         clip = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         # Check before stepping (torchtitan): a non-finite update would poison the weights for good.
@@ -127,13 +139,13 @@ class Trainer:
             self.skipped_steps += 1
             log.warning("skipping optimizer step: loss=%s grad_norm=%s", loss, grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
-        self._pending_samples, self._pending_loss_sum = 0, 0.0
+        self._pending_samples, self._pending_tokens, self._pending_loss_sum = 0, 0, 0.0
         return StepResult(self.step, n, loss, grad_norm, applied)
 
     def discard_pending(self) -> None:
         """Drop accumulated gradients (e.g. before a restore)."""
         self.optimizer.zero_grad(set_to_none=True)
-        self._pending_samples, self._pending_loss_sum = 0, 0.0
+        self._pending_samples, self._pending_tokens, self._pending_loss_sum = 0, 0, 0.0
 
     def train_steps(self, k: int, micro_batch: int, micro_batches_per_step: int = 1) -> list[StepResult]:
         """k optimizer steps, each over `micro_batches_per_step` micro-batches of `micro_batch` samples."""
@@ -163,12 +175,11 @@ class Trainer:
     def state_dict(self) -> dict:
         """Named parts as of the last optimizer step. Micro-batches accumulated since are not in it:
         the data position is rewound past them, so a resumed run recomputes them identically."""
-        block = self.config.model.block_size
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "train_state": {"step": self.step, "samples_seen": self.samples_seen - self._pending_samples,
-                            "tokens_seen": self.tokens_seen - self._pending_samples * block, "skipped_steps": self.skipped_steps,
+                            "tokens_seen": self.tokens_seen - self._pending_tokens, "skipped_steps": self.skipped_steps,
                             "last_loss": self.last_loss, "last_val_loss": self.last_val_loss},
             "config": asdict(self.config),
         }
