@@ -80,6 +80,27 @@ def test_training_loss_decreases(corpus):
     assert after < before - 0.8
 
 
+def test_a_cut_micro_batch_trains_the_samples_prefixes_token_weighted(corpus):
+    """The enforcer fills a window's tail with samples cut to a fraction of the sequence: that is the
+    same model on each sample's first tokens, and the step's loss weighs every token the same."""
+    torch.set_num_threads(1)
+    t, block = Trainer(TINY, corpus), TINY.model.block_size
+    full = t.micro_batch(4)
+    x, y = corpus.batch("train", 4, 4, block)
+    with torch.no_grad():
+        _, want = t.model(x[:, :block // 2], y[:, :block // 2])
+    cut = t.micro_batch(4, 0.5)
+    assert cut.tokens == 4 * (block // 2) and cut.loss == pytest.approx(want.item(), rel=1e-5)
+    assert t.tokens_seen == 4 * block + 4 * (block // 2) and t.samples_seen == t.pending_samples == 8
+    assert t.state_dict()["train_state"]["tokens_seen"] == 0      # rewound past both pending batches
+    step = t.optimizer_step()
+    assert step.loss == pytest.approx((full.loss * 4 * block + cut.loss * 4 * (block // 2)) / (6 * block), rel=1e-6)
+    for bad in (0.0, -0.5, 1.5, math.nan):
+        with pytest.raises(ValueError, match="fraction"):
+            t.micro_batch(2, bad)
+    assert t.samples_seen == 8                                     # refused input consumed no data
+
+
 def test_accumulated_micro_batches_equal_one_big_batch(corpus):
     torch.set_num_threads(1)
     a, b = Trainer(TINY, corpus), Trainer(TINY, corpus)
