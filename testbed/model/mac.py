@@ -193,7 +193,7 @@ def fifo_serve(backlog: FifoBacklog, start_slot: int, arrivals: np.ndarray, serv
     T, C = arrivals.shape
     slots = np.concatenate([backlog.slots, start_slot + np.arange(T)])
     amounts = np.concatenate([backlog.amounts, arrivals], axis=0)
-    nonempty = amounts.sum(axis=1) > 0  # drop empty chunks so the cumulative curve strictly increases
+    nonempty = amounts @ np.ones(C) > 0  # drop empty chunks so the cumulative curve strictly increases
     slots, amounts = slots[nonempty], amounts[nonempty]
     if not len(slots):
         return FifoResult(np.zeros((T, C)), np.zeros(T), FifoBacklog.empty(C))
@@ -209,9 +209,11 @@ def fifo_serve(backlog: FifoBacklog, start_slot: int, arrivals: np.ndarray, serv
     # cells at once (what np.interp per cell computes).
     k = np.minimum(tau.astype(np.intp), K - 1)
     frac = (tau - k)[:, None]
-    dep_cells = cum_cells[k + 1] - cum_cells[k]
+    below = cum_cells[k]
+    dep_cells = cum_cells[k + 1]
+    dep_cells -= below
     dep_cells *= frac
-    dep_cells += cum_cells[k]
+    dep_cells += below
     per_cell = np.empty((T, C))
     per_cell[0] = dep_cells[0]
     np.subtract(dep_cells[1:], dep_cells[:-1], out=per_cell[1:])
