@@ -19,8 +19,10 @@ def test_bench_agent_reports_both_arms_and_ratios(tmp_path, capsys):
     res = json.loads(out.read_text())
     fitted, fixed = res["arms"]["fitted"], res["arms"]["fixed"]
     for arm in (fitted, fixed):
-        assert {"utilisation", "overrun_p50_ms", "overrun_p99_ms", "overrun_max_ms",
-                "overrun_p99_pct_of_period", "tokens_per_s"} <= set(arm)
+        assert {"utilisation", "overrun_p50_ms", "overrun_p90_ms", "overrun_p99_ms", "overrun_max_ms",
+                "overrun_p99_pct_of_period", "tokens_per_s", "unused_granted_ms", "cut_micro_batches",
+                "launch_slowdown_p50", "launch_slowdown_p99"} <= set(arm)
+        assert 0 <= arm["unused_granted_ms"] <= arm["granted_ms"]
         assert arm["windows"] >= 10
     # 64 samples never fit a 10 ms budget: the baseline overruns (nearly) every window; the fitted arm
     # overruns only where the host preempts it
