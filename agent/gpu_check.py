@@ -185,8 +185,8 @@ def adherence(torch, trainer, cuda: bool, sms: int, use_green: bool, windows: in
                 break
             d = enf.decide(now, trainer.pending_samples, 32)
             if isinstance(d, Launch):
-                r = trainer.micro_batch(d.size)
-                enf.record_micro_batch(d.size, now, now + r.wall_s)
+                r = trainer.micro_batch(d.size, d.fraction)          # a tail-filling launch cuts its samples
+                enf.record_micro_batch(d.size, now, now + r.wall_s, 0.0, d.fraction)
             elif isinstance(d, StepNow):
                 trainer.optimizer_step()
                 sync()
