@@ -14,6 +14,7 @@ Target (issue 6): utilisation >= 95 % with overrun p99 below 10 % of the period.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -63,6 +64,7 @@ def run_arm(name: str, enforcer_cfg: EnforcerConfig, trace, args) -> dict:
     for _ in range(3):                       # warm-up outside the trace (allocator, kernel choice)
         trainer.micro_batch(4)
     trainer.discard_pending()
+    gc.freeze()     # see SiteAgent.warm_up: a full collection over torch's import-time heap took up to 150 ms
     reports, i, next_lease = [], 0, clock()
     slowdowns, cut = [], 0        # measured / predicted time of each planned launch; launches of cut samples
     t_start, tokens0 = clock(), trainer.tokens_seen

@@ -14,6 +14,7 @@ host-side bookkeeping and checkpoint writes happens outside a lease.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import threading
@@ -161,6 +162,10 @@ class SiteAgent:
         t.micro_batch(1)
         t.discard_pending()
         t.samples_seen, t.tokens_seen = pos, tokens
+        # Move everything alive now (torch's import-time heap, the model, the corpus: ~280 k objects)
+        # out of the cyclic GC's reach. A full collection over it took up to 150 ms and, landing inside
+        # a micro-batch, was the overrun tail (`weaver bench agent`: launches at 2-3x their prediction).
+        gc.freeze()
 
     def run(self, max_seconds: float | None = None) -> None:
         if self.resume() is None and self.config.train.eval_every:
