@@ -43,7 +43,8 @@ class SiteObservation:
     Demand figures are SMs per slot over the period: `demand_*` is what the GPU ran (GPU.SmUsed.Mean/Max),
     `offered_*` what the RAN would have run without the envelope, `nondeferrable_max` the fixed + protected
     part (a compute-aware node reports these two; otherwise they are None). `be_delay_ms` is the delay the
-    envelope added to best-effort traffic (oldest deferred work served). `be_prb_per_cell` is the
+    envelope added to best-effort traffic (oldest deferred work served), `be_deferred_bytes` what is still
+    waiting in the node's compute-aware stage at period end. `be_prb_per_cell` is the
     best-effort slice's mean PRBs per slot per cell, for quota sizing. `oracle_next_max` is only filled by
     benchmarks for the oracle."""
 
@@ -61,6 +62,7 @@ class SiteObservation:
     nondeferrable_max: float | None = None
     be_delay_ms: float | None = None
     be_delay_budget_ms: float = 30.0
+    be_deferred_bytes: float | None = None
     be_prb_per_cell: tuple[float, ...] = ()
     n_cells: int = 1
     oracle_next_max: float | None = None
@@ -88,7 +90,8 @@ class SiteDecision:
     wanted_sms: int | None = None  # what E would be without hysteresis (weaver), for the hold count
 
 
-_SERIES = ("demand_mean", "demand_max", "offered_mean", "offered_max", "nondeferrable_max", "be_delay_ms")
+_SERIES = ("demand_mean", "demand_max", "offered_mean", "offered_max", "nondeferrable_max", "be_delay_ms",
+           "be_deferred_bytes")
 
 
 @dataclass
@@ -265,9 +268,8 @@ class WeaverPolicy:
         why = f"tail {e_tail:.1f} drain {e_drain:.1f}"
         last = history.last
         prev = last.sized_for_sms if last is not None else None
-        if obs.be_delay_ms is not None and obs.be_delay_ms > 0.5 * obs.be_delay_budget_ms and prev is not None:
-            want = max(want, prev + g)
-            why += f"; BE delay {obs.be_delay_ms:.1f} ms > half budget"
+        if prev is not None:
+            want, why = self._backlog_guard(obs, history, prev, want, why)
         if prev is not None and want < prev:
             calm = 1  # this period, plus the trailing run of periods that also wanted less than prev
             for d in reversed(history.decisions):
@@ -278,6 +280,38 @@ class WeaverPolicy:
                 return prev, want, why + f"; hold {prev} ({calm}/{self.hold_periods} calm)"
             return prev - g, want, why + "; one step down"  # one partition step at a time
         return min(want, obs.gpu_sms), want, why
+
+    def _backlog_guard(self, obs: SiteObservation, history: SiteHistory, prev: int, want: int,
+                       why: str) -> tuple[int, str]:
+        """Defer best-effort work only while its queue drains inside the delay budget.
+
+        The reported delay is the age of the oldest deferred work *served*, so it lags the backlog by up to
+        its own value: a surge that outruns E shows first as a jump of the delay (and of the deferred bytes),
+        and by the time the delay itself passes half the budget the backlog is already several periods of
+        work deep. Hence the guard looks one period ahead (delay + its last rise) and, once it fires,
+        stops deferring at once (E to this period's offered peak, not one step a period). While what was
+        deferred has not drained (delay above a quarter of the budget, or deferred bytes still growing),
+        E is not lowered: a hold that counts such periods as calm would defer again into the same backlog."""
+        d = obs.be_delay_ms
+        if d is None:
+            return want, why
+        budget = obs.be_delay_budget_ms
+        g = obs.granularity
+        before = history.series("be_delay_ms", 1)
+        d_prev = float(before[-1]) if len(before) else 0.0
+        projected = d + max(0.0, d - d_prev)
+        queued = history.series("be_deferred_bytes", 1)
+        growing = (obs.be_deferred_bytes is not None and len(queued) > 0
+                   and obs.be_deferred_bytes > float(queued[-1]) > 0)
+        if d > budget:
+            return obs.gpu_sms, why + f"; BE delay {d:.1f} ms > budget: stop deferring"
+        if projected > 0.5 * budget:
+            peak = obs.offered_max if obs.offered_max is not None else obs.demand_max
+            return (max(want, prev + g, ceil_to(peak, g)),
+                    why + f"; BE delay {d:.1f} ms heading past half budget ({projected:.1f}): stop deferring")
+        if d > 0.25 * budget or (growing and d > 0.1 * budget):
+            return max(want, prev), why + f"; BE backlog not drained ({d:.1f} ms): hold"
+        return want, why
 
     def decide(self, obs: SiteObservation, history: SiteHistory) -> SiteDecision:
         if not obs.fresh or obs.demand_max is None:

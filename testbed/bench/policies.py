@@ -83,6 +83,7 @@ def observe(rep: PeriodReport, scenario: Scenario, s: int, now: float) -> SiteOb
         prb_util=tuple(float(x) for x in rep.prb_util_dl[s]), fresh=True,
         offered_mean=float(rep.offered_mean[s]), offered_max=float(rep.offered_max[s]),
         nondeferrable_max=float(rep.nondeferrable_max[s]), be_delay_ms=float(rep.added_delay_max_ms[s]),
+        be_deferred_bytes=float(rep.deferred_bytes[s]),
         be_delay_budget_ms=site.slices[1].delay_budget_ms, be_prb_per_cell=tuple(float(x) for x in be_prb),
         n_cells=scenario.n_cells)
 
