@@ -11,6 +11,7 @@ that does not parse or validate is refused, logged once with the reason, and the
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -166,14 +167,20 @@ class XappConfig:
     def period_s(self) -> float:
         return self.period_ms / 1000.0
 
+    @functools.cached_property
+    def _site_by_meid(self) -> dict[str, SiteConfig]:
+        return {m: s for s in self.sites for m in s.nodes}
+
+    @functools.cached_property
+    def _site_by_id(self) -> dict[str, SiteConfig]:
+        return {s.site_id: s for s in self.sites}
+
     def site_of(self, meid: str) -> SiteConfig | None:
-        for s in self.sites:
-            if meid in s.nodes:
-                return s
-        return None
+        # on the indication path (once per KPM report): a lookup, not a scan over every site
+        return self._site_by_meid.get(meid)
 
     def site(self, site_id: str) -> SiteConfig | None:
-        return next((s for s in self.sites if s.site_id == site_id), None)
+        return self._site_by_id.get(site_id)
 
     @classmethod
     def from_controls(cls, controls: dict[str, Any], schema: dict[str, Any] | None = None) -> XappConfig:
