@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from testbed.cli import agent_python
 from testbed.e2node.functions import kpm_oid
 from testbed.model import CellConfig, Scenario, SiteConfig
 from testbed.procs import ChildFailed, Supervisor
@@ -48,14 +49,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def venv_python(name: str) -> Path:
-    env = os.environ.get("WEAVER_AGENT_PYTHON") if name == ".venv-agent" else None
-    if env:
-        return Path(env)
-    p = ROOT / name / "bin" / "python"
-    return p if p.exists() else Path(sys.executable)
 
 
 @dataclass(frozen=True)
@@ -314,7 +307,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
     try:
         lighthouse = ""
         if cfg.cross_site:
-            lh = sup.start("lighthouse", [str(venv_python(".venv-agent")), "-m", "agent.crosssite.lighthouse",
+            lh = sup.start("lighthouse", [str(agent_python()), "-m", "agent.crosssite.lighthouse",
                                           "--port", str(free_port()), "--round-ms", str(cfg.round_ms)],
                            env={"PYTHONPATH": str(ROOT)})
             lighthouse = (await asyncio.to_thread(lh.wait_for_line, r"lighthouse (http://\S+)", 60)).group(1)
@@ -323,11 +316,11 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                                           indent=2))
         xenv = {"CONFIG_FILE": str(config_path), "RMR_SEED_RT": str(sim.ric.route_file), "RMR_RTG_SVC": "-1",
                 "RMR_SRC_ID": cfg.host, "PYTHONPATH": str(ROOT)}
-        xapp = sup.start("xapp", [str(venv_python(".venv-xapp")), "-m", "xapp", "--config", str(config_path)], env=xenv)
+        xapp = sup.start("xapp", [sys.executable, "-m", "xapp", "--config", str(config_path)], env=xenv)
         await asyncio.to_thread(xapp.wait_for_line, r"weaver-xapp: ready", 90)
         agents: list[AgentView] = []
         for i in range(cfg.sites):
-            argv = [str(venv_python(".venv-agent")), "-m", "agent.cli", "run", "--broker", f"{cfg.host}:{ports['broker']}",
+            argv = [str(agent_python()), "-m", "agent.cli", "run", "--broker", f"{cfg.host}:{ports['broker']}",
                     "--site-id", site_name(i), "--agent-id", f"agent-{i}", "--preset", cfg.agent_preset,
                     "--checkpoint-dir", str(run_dir / f"agent-{i}"), "--inspect-addr", f"{cfg.host}:0",
                     "--metrics-addr", f"{cfg.host}:0", "--mode", "gpu", "--cores", "1"]  # train only under leases, never unleased
