@@ -609,18 +609,16 @@ def decode_indication_header(data: bytes, version: KpmVersion) -> KpmIndicationH
 # Reasons for which the fast reader declines bytes that the reference path would refuse too (they
 # describe the bits, not a feature the fast reader lacks), so the cross-check needs no asn1tools run.
 # Any other reason (extensions, say) falls back to the exact check; an unknown one only costs time.
-_FAST_REFUSALS_THAT_ARE_FINAL = frozenset({"trailing or missing bits", "string length", "not a PrintableString", "size"})
-
-
 def _also_a_v2_header(data: bytes) -> bool:
     from e2sm import _fast_kpm
-    from e2sm._fast import Unsupported
+    from e2sm._fast import Invalid, Unsupported
 
     try:
         _fast_kpm.decode_indication_header(data, KpmVersion.V2_03)
-    except Unsupported as exc:
-        if str(exc) in _FAST_REFUSALS_THAT_ARE_FINAL:
-            return False
+    except Invalid:  # the fast reader is sure the reference refuses these bytes too: skip that decode
+        return False
+    except Unsupported:
+        pass
     try:
         _decode_header(data, KpmVersion.V2_03)
     except E2DecodeError:
