@@ -21,11 +21,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture()
-def redis_env(redis_server, monkeypatch):
-    monkeypatch.setenv("DBAAS_SERVICE_HOST", redis_server["host"])
-    monkeypatch.setenv("DBAAS_SERVICE_PORT", str(redis_server["port"]))
+def redis_env(redis_env, monkeypatch):  # the shared fixture, plus a config token for PUT /api/v1/config
     monkeypatch.setenv("WEAVER_CONFIG_TOKEN", "tok")
-    return redis_server
+    return redis_env
 
 
 def test_bad_input_changes_nothing(tmp_path, redis_env, caplog):

@@ -19,13 +19,6 @@ from schemas.proto.weaver.v1 import lease_pb2
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture()
-def redis_env(redis_server, monkeypatch):
-    monkeypatch.setenv("DBAAS_SERVICE_HOST", redis_server["host"])
-    monkeypatch.setenv("DBAAS_SERVICE_PORT", str(redis_server["port"]))
-    return redis_server
-
-
 def test_end_to_end_quota_mode(tmp_path, redis_env, xapp_python):
     asyncio.run(_e2e(tmp_path, redis_env, xapp_python))
 

@@ -16,13 +16,6 @@ from xapp.state import open_store
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture()
-def redis_env(redis_server, monkeypatch):
-    monkeypatch.setenv("DBAAS_SERVICE_HOST", redis_server["host"])
-    monkeypatch.setenv("DBAAS_SERVICE_PORT", str(redis_server["port"]))
-    return redis_server
-
-
 def test_sigkill_and_restart(tmp_path, redis_env, xapp_python):
     asyncio.run(_restart(tmp_path, redis_env, xapp_python))
 

@@ -14,13 +14,6 @@ from xapp.config import load_config
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture()
-def redis_env(redis_server, monkeypatch):
-    monkeypatch.setenv("DBAAS_SERVICE_HOST", redis_server["host"])
-    monkeypatch.setenv("DBAAS_SERVICE_PORT", str(redis_server["port"]))
-    return redis_server
-
-
 def test_silent_connected_node_is_resubscribed(tmp_path, redis_env):
     asyncio.run(_resub(tmp_path))
 
