@@ -20,6 +20,8 @@ from functools import cached_property
 
 import numpy as np
 
+from testbed.model.edf import edf_serve_kernel
+
 
 def lindley(x: np.ndarray, q0: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Queue after each slot of q_t = max(q_{t-1} + x_t, 0) along axis 0, starting from q0. `out` may be x."""
@@ -159,8 +161,8 @@ def schedule_cells(a: np.ndarray, cap_prb: np.ndarray, bpp: np.ndarray, quota: n
 @dataclass
 class FifoBacklog:
     """Best-effort work waiting in a site's compute-aware stage, oldest first: arrival slot and the
-    amount per cell of each chunk. Served first-in first-out across cells, which is earliest-deadline-
-    first when every best-effort byte has the same delay budget."""
+    amount per cell of each chunk. Served earliest-deadline-first (every best-effort byte has the same
+    delay budget, so that is the order of arrival) by `fifo_serve`."""
 
     slots: np.ndarray  # (K,) absolute arrival slot
     amounts: np.ndarray  # (K, C) work units per cell
@@ -182,59 +184,32 @@ class FifoResult:
     backlog: FifoBacklog
 
 
-def fifo_serve(backlog: FifoBacklog, start_slot: int, arrivals: np.ndarray, served: np.ndarray,
-               limit: np.ndarray | None = None) -> FifoResult:
-    """Split the site's served work (T,) over cells in FIFO order of arrival.
+def fifo_serve(backlog: FifoBacklog, start_slot: int, arrivals: np.ndarray, capacity: np.ndarray,
+               limit: np.ndarray | None = None, age_hist: np.ndarray | None = None) -> FifoResult:
+    """Serve the site's deferred work slot by slot, oldest first across cells (see `edf`).
 
-    arrivals (T, C) work entering the stage; served (T,) work leaving (from the site Lindley queue,
-    so cumulative served never exceeds cumulative arrivals). `limit` (T, C) is the most a cell can carry
-    in a slot (its PRBs): work FIFO would put above it stays queued, at the head of the backlog, so the
-    returned `per_cell` may sum to less than `served` (callers use `per_cell`)."""
+    arrivals (T, C) work entering the stage; capacity (T,) the most work the site's compute room lets
+    leave in each slot; `limit` (T, C) the most a cell can carry in a slot (its PRBs; none: unlimited).
+    A cell at its limit does not hold the others back: the slot's room goes to the oldest work that
+    can leave. `age_hist`, if given, accumulates the work served by its age in slots."""
     T, C = arrivals.shape
-    slots = np.concatenate([backlog.slots, start_slot + np.arange(T)])
-    amounts = np.concatenate([backlog.amounts, arrivals], axis=0)
-    nonempty = amounts @ np.ones(C) > 0  # drop empty chunks so the cumulative curve strictly increases
-    slots, amounts = slots[nonempty], amounts[nonempty]
-    if not len(slots):
-        return FifoResult(np.zeros((T, C)), np.zeros(T), FifoBacklog.empty(C))
-    K = len(slots)
-    cum_cells = np.empty((K + 1, C))  # cumulative work per cell over the chunks
-    cum_cells[0] = 0.0
-    np.cumsum(amounts, axis=0, out=cum_cells[1:])
-    cum = cum_cells @ np.ones(C)
-    dep = np.minimum(np.cumsum(served), cum[-1])
-    idx = np.arange(K + 1, dtype=float)
-    tau = np.interp(dep, cum, idx)  # fractional FIFO position reached after each slot
-    # Every cell's cumulative departures at tau: linear interpolation between whole chunks, for all
-    # cells at once (what np.interp per cell computes).
-    k = np.minimum(tau.astype(np.intp), K - 1)
-    frac = (tau - k)[:, None]
-    below = cum_cells[k]
-    dep_cells = cum_cells[k + 1]
-    dep_cells -= below
-    dep_cells *= frac
-    dep_cells += below
-    per_cell = np.empty((T, C))
-    per_cell[0] = dep_cells[0]
-    np.subtract(dep_cells[1:], dep_cells[:-1], out=per_cell[1:])
-    np.maximum(per_cell, 0.0, out=per_cell)
-    # Delay of the oldest work leaving in each slot: the FIFO head at the start of the slot.
-    tau_start = np.concatenate([[0.0], tau[:-1]])
-    head = np.minimum(np.floor(tau_start + 1e-12).astype(int), len(slots) - 1)
-    delay = np.where(served > 0, (start_slot + np.arange(T)) - slots[head], 0)
-    # Remaining backlog: the unserved part of chunk floor(tau_T) and everything after it.
-    k = min(int(np.floor(tau[-1])), len(slots))
-    rest = amounts[k:].copy()
-    if len(rest):
-        rest[0] = np.maximum(cum_cells[k + 1] - dep_cells[-1], 0.0)
-    keep = rest.sum(axis=1) > 1e-9 * max(1.0, cum[-1])
-    left = FifoBacklog(slots[k:][keep], rest[keep])
-    if limit is not None:
-        excess = per_cell - limit
-        excess[excess < 1e-7] = 0.0  # float noise of the interpolation is not worth a backlog chunk
-        if excess.any():
-            per_cell -= excess
-            head = int(left.slots[0]) if len(left.slots) else start_slot + T - 1
-            left = FifoBacklog(np.concatenate([[min(head, start_slot + T - 1)], left.slots]),
-                               np.vstack([excess.sum(axis=0)[None], left.amounts]))
-    return FifoResult(per_cell=per_cell, delay_slots=np.maximum(delay, 0), backlog=left)
+    K = len(backlog.slots)
+    rows_slot = np.concatenate([backlog.slots.astype(np.int64), start_slot + np.arange(T, dtype=np.int64)])
+    amt = np.concatenate([backlog.amounts, arrivals], axis=0).astype(np.float64)  # a copy: drained in place
+    cap = np.ascontiguousarray(capacity, dtype=np.float64)
+    lim = np.full((T, C), np.inf) if limit is None else np.ascontiguousarray(limit, dtype=np.float64)
+    per_cell = np.zeros((T, C))
+    oldest = np.zeros(T, dtype=np.int64)
+    hist = age_hist if age_hist is not None else np.zeros(1)
+    # Float noise (below 1e-9 of the period's mean work per slot) is not queued: the MAC's cumulative sums
+    # leave such crumbs in slots without capacity, and limits that are sums of the very amounts they bound
+    # leave them of a chunk. Crumbs leave where they are, so nothing is lost and no crumb waits a period.
+    crumb = 1e-9 * float(amt.sum()) / max(T, 1)
+    noise = amt[K:] <= crumb
+    per_cell[noise] = amt[K:][noise]
+    amt[K:][noise] = 0.0
+    first = edf_serve_kernel(rows_slot, amt, K, int(start_slot), cap, lim, per_cell, oldest, hist, crumb)
+    rest = amt[first:]
+    keep = rest @ np.ones(C) > 0.0
+    return FifoResult(per_cell=per_cell, delay_slots=oldest,
+                      backlog=FifoBacklog(rows_slot[first:][keep], rest[keep]))

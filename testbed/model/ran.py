@@ -8,9 +8,10 @@ miss is a slot whose RAN demand exceeds the SMs the lease leaves to the RAN) -> 
 Compute-aware stage (the Weaver paper's mechanism, as a DU vendor would implement it): non-deferrable
 demand n_t (fixed per-slot costs + protected slice) always goes through. UL best-effort work granted
 in a U slot is admitted only as far as its decode spill (1250 us over the next 3 slots) fits under E
-next to n; DL best-effort work then fills what is left under E in D/S slots. Deferred work waits in a
-site-wide FIFO and is served in later slots, within the cells' PRB headroom, so every byte is served
-eventually and per-slot demand stays <= E in every slot where n_t <= E.
+next to n; DL best-effort work then fills what is left under E in D/S slots. Deferred work waits in
+the site's order of arrival and is served in later slots earliest-deadline-first over the cells whose
+PRB headroom can still carry it (`edf`: a saturated cell never holds the others back), so every byte
+is served eventually and per-slot demand stays <= E in every slot where n_t <= E.
 Design choice: E is hard (a slot over it is a PHY deadline at risk) and the best-effort delay budget is
 soft: the stage never breaks E to meet the budget; it reports the delay it added (`added_delay_max_ms`,
 and the compute-stage delay histogram) and the xApp raises E when that delay nears the budget.
@@ -27,9 +28,7 @@ from .mac import (
     FifoResult,
     fifo_backlog_delays,
     fifo_serve,
-    lindley,
     schedule_cells,
-    served_from,
 )
 from .phy import PhyCost, ul_spill
 from .traffic import SyntheticTrace, TraceSource
@@ -309,12 +308,16 @@ class RanModel:
         hist[:, 0] += served_per_slice - late.sum(axis=1)
         hist += late
 
-    @staticmethod
-    def _fifo(backlog: FifoBacklog, start: int, arrivals, served, queue, limit) -> FifoResult:
-        if backlog.total == 0 and not np.any(queue > 0):
-            # Nothing waited this period: every cell's work left in the slot it came (common, and cheap).
-            return FifoResult(arrivals, np.zeros(len(served), dtype=np.intp), backlog)
-        return fifo_serve(backlog, start, arrivals, served, limit=limit)
+    def _serve(self, backlog: FifoBacklog, start: int, arrivals, capacity, limit, work_per_byte) -> FifoResult:
+        """One direction of the compute stage; the delay histogram gets the bytes served by age."""
+        if not backlog.total and np.all(arrivals <= limit) and np.all(arrivals @ np.ones(arrivals.shape[1]) <= capacity):
+            # Nothing waits and everything fits: every cell's work leaves in the slot it came (common, and cheap).
+            self.delay_hist[1, 1, 0] += arrivals.sum() / work_per_byte
+            return FifoResult(arrivals, np.zeros(len(capacity), dtype=np.int64), backlog)
+        hist = np.zeros(DELAY_BINS)
+        r = fifo_serve(backlog, start, arrivals, capacity, limit=limit, age_hist=hist)
+        self.delay_hist[1, 1] += hist / work_per_byte
+        return r
 
     def _compute_stage(self, s, start, E, nondef, lay: PeriodLayout, be_dl, be_ul, head_dl, head_ul):
         """Shape site s's best-effort work under envelope E. Returns (demand (T,), DL work per cell
@@ -330,28 +333,15 @@ class RanModel:
         weight = lay.ul_weight[:, s]
         per_weight = np.where(weight > 0, room / np.maximum(weight, 1e-12), np.inf)
         ul_cap[u] = cu.budget_us * np.minimum.reduce([per_weight[u + 1], per_weight[u + 2], per_weight[u + 3]])
-        w_ul = np.einsum("tc->t", be_ul)
-        ul_cap = np.where(is_u, np.minimum(ul_cap, w_ul + np.einsum("tc->t", head_ul)), 0.0)
-        b0 = self.backlog_ul[s].total
-        q = lindley(w_ul - ul_cap, np.asarray(b0))
-        srv_ul = served_from(q, np.asarray(b0), w_ul)
+        ul_cap = np.where(is_u, ul_cap, 0.0)
         # Each cell carries at most its own PRB-MAC output plus its PRB headroom in a slot.
-        f_ul = self._fifo(self.backlog_ul[s], start, be_ul, srv_ul, q, be_ul + head_ul)
+        f_ul = self._serve(self.backlog_ul[s], start, be_ul, ul_cap, be_ul + head_ul, cu.work_per_byte)
         self.backlog_ul[s] = f_ul.backlog
         spill = ul_spill(np.einsum("tc->t", f_ul.per_cell) / cu.budget_us)
         # DL: fill what is left under E.
-        w_dl = np.einsum("tc->t", be_dl)
-        dl_cap = np.where(is_dl, np.minimum(cd.budget_us * np.maximum(room - spill, 0.0),
-                                            w_dl + np.einsum("tc->t", head_dl)), 0.0)
-        b0 = self.backlog_dl[s].total
-        q = lindley(w_dl - dl_cap, np.asarray(b0))
-        srv_dl = served_from(q, np.asarray(b0), w_dl)
-        f_dl = self._fifo(self.backlog_dl[s], start, be_dl, srv_dl, q, be_dl + head_dl)
+        dl_cap = np.where(is_dl, cd.budget_us * np.maximum(room - spill, 0.0), 0.0)
+        f_dl = self._serve(self.backlog_dl[s], start, be_dl, dl_cap, be_dl + head_dl, cd.work_per_byte)
         self.backlog_dl[s] = f_dl.backlog
         demand = nondef + spill + np.einsum("tc->t", f_dl.per_cell) / cd.budget_us
-        kd, ku = cd.work_per_byte, cu.work_per_byte
-        for f, k in ((f_dl, kd), (f_ul, ku)):
-            w = f.per_cell.sum(axis=1) / k
-            self.delay_hist[1, 1] += np.bincount(np.minimum(f.delay_slots, DELAY_BINS - 1).astype(int), w, DELAY_BINS)
         oldest = max(f_dl.delay_slots.max(initial=0), f_ul.delay_slots.max(initial=0))
         return demand, f_dl.per_cell, f_ul.per_cell, oldest

@@ -227,8 +227,8 @@ def test_deferred_work_never_exceeds_a_cells_prbs_or_quota_when_it_catches_up(mo
     seen = []
     real = ran.fifo_serve
 
-    def checked(backlog, start, arrivals, served, limit=None):
-        r = real(backlog, start, arrivals, served, limit)
+    def checked(backlog, start, arrivals, capacity, limit=None, age_hist=None):
+        r = real(backlog, start, arrivals, capacity, limit, age_hist)
         seen.append(float((r.per_cell - limit).max()))
         return r
 
