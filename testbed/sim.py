@@ -95,7 +95,9 @@ class Simulation:
     @classmethod
     async def start(cls, cfg: SimConfig, sdl: SDLWrapper | None = None, scenario: Scenario | None = None) -> Simulation:
         scenario = scenario or build_scenario(cfg)  # `weaver up` hands in its own (archetypes, period)
-        model = RanModel(scenario, seed=cfg.seed)
+        # The E2 nodes report per-slice delay from the queues (KPM DRB.RlcSduDelayDl); nothing
+        # here reads the bytes-weighted histograms, which would cost a quarter of every period's time.
+        model = RanModel(scenario, seed=cfg.seed, track_delay=False)
         ric = await MiniRic.start(cfg.host, cfg.e2term_port, cfg.submgr_rmr_port, cfg.submgr_http_port,
                                   cfg.xapps, sdl, cfg.route_dir, cfg.keepalive_s)
         nodes: list[NodeShell] = []

@@ -1,8 +1,9 @@
 """`weaver bench sim`: simulated time per wall-clock second of the RAN model (3 sites x 4 cells).
 
 The baseline is real time: a ratio of 1.0 means the model just keeps up with the radio. Rows vary the
-period (slots advanced per numpy call: 200 is what the E2 node simulator uses, one 100 ms KPM period),
-the envelope (compute-aware stage on/off) and the bytes-weighted delay histograms; the target is
+period (slots advanced per model call: 200 is what the E2 node simulator uses, one 100 ms KPM period,
+without the histograms), the envelope (compute-aware stage on/off) and the bytes-weighted delay
+histograms (`weaver bench policies` uses them); the target is
 >= 200x real time (400,000 slots of 3 sites x 4 cells per second) on one core. Ratios are given by
 wall clock and by process CPU time: on a shared host the wall figure mostly measures the load.
 """

@@ -15,25 +15,31 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # numba is in the testbed extra; the model still runs (slowly) without it
-    from numba import njit
-except ImportError:  # pragma: no cover - exercised only where numba is missing
-    def njit(*args, **kwargs):
-        return args[0] if args and callable(args[0]) else (lambda f: f)
+from testbed.model.jit import njit
 
 
 @njit(cache=True, nogil=True)
-def edf_serve_kernel(rows_slot, amt, n_backlog, start_slot, capacity, limit, per_cell, oldest, age_hist, crumb):
+def edf_serve_kernel(rows_slot, amt, n_backlog, start_slot, capacity, limit, per_cell, oldest, age_hist):
     """Serve in place.
 
     rows_slot (N,) arrival slot of each chunk, oldest first; amt (N, C) work per cell per chunk, its
     first `n_backlog` rows the backlog and then one row per slot of the period (drained in place);
     capacity (T,); limit (T, C); per_cell (T, C) zeros -> work served; oldest (T,) -> age in slots of
-    the oldest work served in each slot; age_hist (B,) += work served by age (last bin: that or older);
-    a chunk's remainder up to `crumb` (float noise) leaves with it rather than queueing on its own.
-    Returns the index of the first chunk that may still hold work."""
+    the oldest work served in each slot; age_hist (B,) += work served by age (last bin: that or older).
+    Returns the index of the first chunk that may still hold work.
+
+    Float noise (below 1e-9 of the period's mean work per slot) is not queued: the MAC's cumulative
+    sums leave such crumbs in slots without capacity, and limits that are sums of the very amounts they
+    bound leave them of a chunk. Crumbs leave where they are: nothing is lost and no crumb waits."""
     n_rows, n_cells = amt.shape
     n_slots = capacity.shape[0]
+    crumb = 1e-9 * amt.sum() / max(n_slots, 1)
+    for t in range(n_slots):
+        for c in range(n_cells):
+            x = amt[n_backlog + t, c]
+            if 0.0 < x <= crumb:
+                per_cell[t, c] += x
+                amt[n_backlog + t, c] = 0.0
     last_bin = age_hist.shape[0] - 1
     head = np.zeros(n_cells, dtype=np.int64)  # per cell: first chunk that may hold its work
     lim = np.empty(n_cells)
@@ -76,3 +82,49 @@ def edf_serve_kernel(rows_slot, amt, n_backlog, start_slot, capacity, limit, per
         if h < first:
             first = h
     return first
+
+
+@njit(cache=True, nogil=True)
+def stage_kernel(E, nondef, is_u, is_dl, ul_weight, spread, ul_budget, dl_budget, start_slot,
+                 ul_rows, ul_amt, ul_k, ul_limit, dl_rows, dl_amt, dl_k, dl_limit,
+                 ul_served, dl_served, ul_oldest, dl_oldest, ul_hist, dl_hist, demand, firsts):
+    """A site's compute-aware stage for a period (see `ran`): UL best-effort admitted in U slots as far
+    as its decode spill (`spread` x work / `ul_budget` SMs over the next slots) fits under E next to
+    `nondef`, a U slot's share of room in proportion to its weight where decode windows overlap; then
+    DL fills what is left under E in D/S slots. Both directions served by `edf_serve_kernel`; writes
+    the per-cell service, ages, histograms (work units), `demand` (SMs), and the first live chunk of
+    each direction's backlog into `firsts`."""
+    T = nondef.shape[0]
+    n_spread = spread.shape[0]
+    room = np.empty(T)
+    for t in range(T):
+        room[t] = max(E - nondef[t], 0.0) if E < np.inf else np.inf
+    ul_cap = np.zeros(T)
+    for t in range(T):
+        if is_u[t]:
+            cap = np.inf
+            for k in range(1, n_spread + 1):
+                if t + k < T and ul_weight[t + k] > 0:
+                    cap = min(cap, room[t + k] / ul_weight[t + k])
+            ul_cap[t] = ul_budget * cap
+    firsts[0] = edf_serve_kernel(ul_rows, ul_amt, ul_k, start_slot, ul_cap, ul_limit, ul_served, ul_oldest,
+                                 ul_hist)
+    spill = np.zeros(T)
+    for t in range(T):
+        w = 0.0
+        for c in range(ul_served.shape[1]):
+            w += ul_served[t, c]
+        for k in range(1, n_spread + 1):
+            if t + k < T:
+                spill[t + k] += spread[k - 1] * w / ul_budget
+    dl_cap = np.zeros(T)
+    for t in range(T):
+        if is_dl[t]:
+            dl_cap[t] = dl_budget * max(room[t] - spill[t], 0.0)
+    firsts[1] = edf_serve_kernel(dl_rows, dl_amt, dl_k, start_slot, dl_cap, dl_limit, dl_served, dl_oldest,
+                                 dl_hist)
+    for t in range(T):
+        w = 0.0
+        for c in range(dl_served.shape[1]):
+            w += dl_served[t, c]
+        demand[t] = nondef[t] + spill[t] + w / dl_budget

@@ -23,14 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import SLOT_S, ModelConfigError, Scenario
-from .mac import (
-    FifoBacklog,
-    FifoResult,
-    fifo_backlog_delays,
-    fifo_serve,
-    schedule_cells,
-)
-from .phy import PhyCost, ul_spill
+from .edf import stage_kernel
+from .mac import EdfInput, FifoBacklog, mac_delay_kernel, schedule_cells
+from .phy import UL_SPREAD, PhyCost, ul_spill
 from .traffic import SyntheticTrace, TraceSource
 
 DELAY_BINS = 4001  # histogram bins of one slot (0.5 ms); the last bin collects everything longer
@@ -239,7 +234,7 @@ class RanModel:
         served_be_dl = dl.served[1]
         served_be_ul = ul.served[1]
         if self.track_delay:  # before the compute stage rewrites the best-effort rows
-            self._add_mac_delays(arr, dl, ul, q0_dl, q0_ul, (site_dl + site_ul).reshape(2, -1).sum(axis=1))
+            self._add_mac_delays(arr, dl, ul, q0_dl, q0_ul)
         added_max = np.zeros(S)
         deferred = np.zeros(S)
         for s in range(S):
@@ -258,7 +253,7 @@ class RanModel:
         misses = (ones_t @ (demand > (self.gpu_sms - self.training_sms)[None] + 1e-9)).astype(np.int64)
 
         def per_cell(x):  # (L, T, S, C) summed over time -> (S, C, L)
-            return np.moveaxis((ones_t @ x.reshape(2, T, S * C)).reshape(2, S, C), 0, -1)
+            return (ones_t @ x.reshape(2, T, S * C)).T.reshape(S, C, 2)
 
         off = per_cell(arr.dl) + per_cell(arr.ul)
         self.offered_bytes += off
@@ -289,59 +284,32 @@ class RanModel:
             demand=demand, offered=offered, nondeferrable=nondef,
         )
 
-    def _add_mac_delays(self, arr, dl, ul, q0_dl: np.ndarray, q0_ul: np.ndarray, served_per_slice: np.ndarray) -> None:
-        """Bytes-weighted FIFO delay of what left the MAC queues, into `delay_hist[0]`. Only slots that
-        started with a backlog are searched; everything else left in the slot it came. Both directions
-        go through one search (stacked: per-call costs dominate short periods)."""
+    def _add_mac_delays(self, arr, dl, ul, q0_dl: np.ndarray, q0_ul: np.ndarray) -> None:
+        """Bytes-weighted FIFO delay of what left the MAC queues, into `delay_hist[0]` (`mac_delay_kernel`:
+        each byte at its own age; the queue at the period's start is taken as arrived the slot before)."""
         L, T = arr.dl.shape[:2]
-
-        def both(x_dl, x_ul):  # (2 directions x L slices, T, queues)
-            return np.concatenate([x_dl.reshape(L, T, -1), x_ul.reshape(L, T, -1)])
-
-        d = fifo_backlog_delays(both(arr.dl, arr.ul), both(dl.served, ul.served),
-                                np.concatenate([q0_dl.reshape(L, -1), q0_ul.reshape(L, -1)]),
-                                both(dl.queue, ul.queue))
-        n_per_slice = d.n_queues // (2 * L)
-        idx = (d.queue // n_per_slice % L) * DELAY_BINS + np.minimum(d.delay, DELAY_BINS - 1)
-        late = np.bincount(idx, d.served, L * DELAY_BINS).reshape(L, DELAY_BINS)
-        hist = self.delay_hist[0]
-        hist[:, 0] += served_per_slice - late.sum(axis=1)
-        hist += late
-
-    def _serve(self, backlog: FifoBacklog, start: int, arrivals, capacity, limit, work_per_byte) -> FifoResult:
-        """One direction of the compute stage; the delay histogram gets the bytes served by age."""
-        if not backlog.total and np.all(arrivals <= limit) and np.all(arrivals @ np.ones(arrivals.shape[1]) <= capacity):
-            # Nothing waits and everything fits: every cell's work leaves in the slot it came (common, and cheap).
-            self.delay_hist[1, 1, 0] += arrivals.sum() / work_per_byte
-            return FifoResult(arrivals, np.zeros(len(capacity), dtype=np.int64), backlog)
-        hist = np.zeros(DELAY_BINS)
-        r = fifo_serve(backlog, start, arrivals, capacity, limit=limit, age_hist=hist)
-        self.delay_hist[1, 1] += hist / work_per_byte
-        return r
+        for x, srv, q0 in ((arr.dl, dl.served, q0_dl), (arr.ul, ul.served, q0_ul)):
+            mac_delay_kernel(x.reshape(L, T, -1), srv.reshape(L, T, -1), np.ascontiguousarray(q0).reshape(L, -1),
+                             self.delay_hist[0])
 
     def _compute_stage(self, s, start, E, nondef, lay: PeriodLayout, be_dl, be_ul, head_dl, head_ul):
-        """Shape site s's best-effort work under envelope E. Returns (demand (T,), DL work per cell
-        served (T,C), UL work per cell served (T,C), oldest added delay in slots)."""
+        """Shape site s's best-effort work under envelope E (`edf.stage_kernel`). Returns (demand (T,),
+        DL work per cell served (T,C), UL work per cell served (T,C), oldest added delay in slots)."""
         cu, cd = self.cost.ul, self.cost.dl
         T = len(nondef)
-        room = np.maximum(E - nondef, 0.0) if np.isfinite(E) else np.full(T, np.inf)
-        # UL: a U slot's work w adds w/1250 x (1, 1, 0.5) SMs to the next three slots. Where the windows
-        # of consecutive U slots overlap, each gets the room in proportion to its weight there.
-        is_u, is_dl = lay.is_u[:, s], lay.is_dl[:, s]
-        ul_cap = np.zeros(T)
-        u = lay.u_slots[s]
-        weight = lay.ul_weight[:, s]
-        per_weight = np.where(weight > 0, room / np.maximum(weight, 1e-12), np.inf)
-        ul_cap[u] = cu.budget_us * np.minimum.reduce([per_weight[u + 1], per_weight[u + 2], per_weight[u + 3]])
-        ul_cap = np.where(is_u, ul_cap, 0.0)
+        ul = EdfInput.build(self.backlog_ul[s], start, be_ul)
+        dl = EdfInput.build(self.backlog_dl[s], start, be_dl)
+        oldest = np.zeros((2, T), dtype=np.int64)
+        hist = np.zeros((2, DELAY_BINS))
+        demand = np.empty(T)
+        firsts = np.zeros(2, dtype=np.int64)
         # Each cell carries at most its own PRB-MAC output plus its PRB headroom in a slot.
-        f_ul = self._serve(self.backlog_ul[s], start, be_ul, ul_cap, be_ul + head_ul, cu.work_per_byte)
-        self.backlog_ul[s] = f_ul.backlog
-        spill = ul_spill(np.einsum("tc->t", f_ul.per_cell) / cu.budget_us)
-        # DL: fill what is left under E.
-        dl_cap = np.where(is_dl, cd.budget_us * np.maximum(room - spill, 0.0), 0.0)
-        f_dl = self._serve(self.backlog_dl[s], start, be_dl, dl_cap, be_dl + head_dl, cd.work_per_byte)
-        self.backlog_dl[s] = f_dl.backlog
-        demand = nondef + spill + np.einsum("tc->t", f_dl.per_cell) / cd.budget_us
-        oldest = max(f_dl.delay_slots.max(initial=0), f_ul.delay_slots.max(initial=0))
-        return demand, f_dl.per_cell, f_ul.per_cell, oldest
+        stage_kernel(float(E), np.ascontiguousarray(nondef), lay.is_u[:, s].copy(), lay.is_dl[:, s].copy(),
+                     lay.ul_weight[:, s].copy(), UL_SPREAD, cu.budget_us, cd.budget_us, start,
+                     ul.rows, ul.amounts, ul.n_backlog, be_ul + head_ul,
+                     dl.rows, dl.amounts, dl.n_backlog, be_dl + head_dl,
+                     ul.served, dl.served, oldest[0], oldest[1], hist[0], hist[1], demand, firsts)
+        self.backlog_ul[s] = ul.left(int(firsts[0]))
+        self.backlog_dl[s] = dl.left(int(firsts[1]))
+        self.delay_hist[1, 1] += hist[0] / cu.work_per_byte + hist[1] / cd.work_per_byte
+        return demand, dl.served, ul.served, int(oldest.max())

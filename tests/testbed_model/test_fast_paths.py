@@ -1,17 +1,60 @@
-"""The model's fast paths against plain references: the sparse MAC delay histogram against a dense FIFO
-search of every slot, and the uniform-only traffic draws against the laws the trace model states."""
+"""The model's fast paths against plain references: the compiled MAC delay histogram against a byte-by-
+byte FIFO, and the uniform-only traffic draws against the laws the trace model states."""
 from __future__ import annotations
 
 import numpy as np
 
 from testbed import scenarios
 from testbed.model import RanModel
-from testbed.model.mac import fifo_backlog_delays, fifo_delay_slots, lindley, schedule_cells
+from testbed.model.mac import mac_delay_kernel, schedule_cells
 from testbed.model.ran import DELAY_BINS, tdd_layout
 from testbed.model.traffic import MARKOV_LEVELS, SyntheticTrace
 
 
-def test_mac_delay_histogram_matches_a_dense_search_of_every_slot():
+def scalar_fifo_ages(a, served, q0, bins):
+    """Reference: one FIFO of (arrival slot, amount) per queue, drained byte by byte in order."""
+    L, T, N = a.shape
+    hist = np.zeros((L, bins))
+    for sl in range(L):
+        for n in range(N):
+            fifo = [[-1, q0[sl, n]]] if q0[sl, n] > 0 else []
+            for t in range(T):
+                if a[sl, t, n] > 0:
+                    fifo.append([t, a[sl, t, n]])
+                left = served[sl, t, n]
+                while left > 1e-12 and fifo:
+                    take = min(left, fifo[0][1])
+                    hist[sl, min(t - fifo[0][0], bins - 1)] += take
+                    fifo[0][1] -= take
+                    left -= take
+                    if fifo[0][1] <= 1e-12:
+                        fifo.pop(0)
+    return hist
+
+
+def test_mac_delay_kernel_counts_each_byte_at_its_own_age():
+    rng = np.random.default_rng(8)
+    L, T, N = 2, 60, 5
+    a = rng.exponential(100, (L, T, N)) * (rng.random((L, T, N)) < 0.5)
+    cap = rng.choice([0.0, 80.0, 200.0], (L, T, N))
+    q0 = rng.uniform(0, 150, (L, N))
+    q = np.empty_like(a)  # Lindley's recursion, slot by slot
+    prev = q0.copy()
+    for t in range(T):
+        prev = q[:, t] = np.maximum(prev + a[:, t] - cap[:, t], 0.0)
+    served = np.maximum(np.concatenate([q0[:, None], q[:, :-1]], axis=1) + a - q, 0)
+    hist = np.zeros((L, 12))  # few bins: the last one collects the long waits
+    mac_delay_kernel(a, served, q0, hist)
+    ref = scalar_fifo_ages(a, served, q0, 12)
+    np.testing.assert_allclose(hist, ref, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(hist.sum(axis=1), served.sum(axis=(1, 2)), rtol=1e-12)
+    assert hist[:, 1:].sum() > 0.1 * hist.sum()
+    plain = np.zeros_like(hist)
+    getattr(mac_delay_kernel, "py_func", mac_delay_kernel)(a, served, q0, plain)
+    np.testing.assert_array_equal(hist, plain)
+
+
+def test_model_mac_delay_histogram_matches_a_byte_by_byte_fifo():
     sc = scenarios.get("heavy-small-gpu", period_slots=200)
     model = RanModel(sc, seed=3)
     trace = SyntheticTrace(sc, 3)  # same seed, same calls: the same arrivals as the model's
@@ -24,35 +67,15 @@ def test_mac_delay_histogram_matches_a_dense_search_of_every_slot():
     quota[..., 1] = 1.0
     q = {"dl": np.zeros((2, S, C)), "ul": np.zeros((2, S, C))}
     ref = np.zeros((2, DELAY_BINS))
-    for _ in range(4):
+    for _ in range(3):
         model.step_period()
         arr = trace.arrivals(model.slot - T, T)
         for name, a, cap, bpp in (("dl", arr.dl, dl_frac, arr.bpp_dl), ("ul", arr.ul, is_u, arr.bpp_ul)):
             sched = schedule_cells(a, cap[:, :, None] * prbs[None], bpp, quota, q[name])
-            for sl in range(2):  # queue=None: every slot that served anything is searched
-                d = fifo_delay_slots(a[sl], sched.served[sl], q[name][sl])
-                ref[sl] += np.bincount(np.minimum(d, DELAY_BINS - 1).ravel(), sched.served[sl].ravel(), DELAY_BINS)
+            ref += scalar_fifo_ages(a.reshape(2, T, -1), sched.served.reshape(2, T, -1), q[name].reshape(2, -1), DELAY_BINS)
             q[name] = sched.queue[:, -1]
     assert ref[:, 1:].sum() > 0.05 * ref.sum()  # the heavy scenario queues: the check is not vacuous
     np.testing.assert_allclose(model.delay_hist[0], ref, rtol=1e-9, atol=1e-6 * ref.max())
-
-
-def test_backlog_delays_of_a_batch_equal_one_queue_at_a_time():
-    rng = np.random.default_rng(4)
-    B, T, Q = 2, 120, 5
-    a = rng.exponential(100, (B, T, Q)) * (rng.random((B, T, Q)) < 0.5)
-    cap = rng.choice([0.0, 60.0, 250.0], (B, T, Q))
-    q0 = rng.uniform(0, 300, (B, Q))
-    queue = np.stack([lindley(a[b] - cap[b], q0[b]) for b in range(B)])
-    served = np.maximum(np.concatenate([q0[:, None], queue[:, :-1]], axis=1) + a - queue, 0)
-    d = fifo_backlog_delays(a, served, q0, queue)
-    dense = np.zeros((B * Q, T), dtype=np.intp)  # queue index b * Q + j
-    dense[d.queue, d.slot] = d.delay
-    for b in range(B):
-        for j in range(Q):
-            one = fifo_delay_slots(a[b, :, j:j + 1], served[b, :, j:j + 1], q0[b, j:j + 1], queue[b, :, j:j + 1])
-            np.testing.assert_array_equal(dense[b * Q + j], one[:, 0])
-    assert d.delay.max() > 0
 
 
 def test_uniform_only_draws_keep_the_trace_models_laws():
