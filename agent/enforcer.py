@@ -31,6 +31,8 @@ PROBE_EVERY = 10          # windows between re-measurements when the fit says no
 WARM_POINTS = 8           # micro-batches measured before the fit's residual tail replaces `safety`
 MIN_FRACTION = 1 / 16     # shortest sequence share a tail-filling micro-batch may use
 EDGE_QUANTILE = 0.97      # residual quantile for a launch that ends at the window's edge (see decide)
+COLD_GAP_S = 0.001        # a launch starting this long after the last work ended runs cold (see StepTimeFit)
+MIN_POOL = 8              # residuals a cold/warm pool needs before its own quantiles replace the pooled ones
 
 
 @dataclass(frozen=True)
@@ -114,13 +116,29 @@ class StepTimeFit:
 
     def __init__(self, window: int = 64, tail_quantile: float = 0.9):
         self.points: deque[tuple[float, float]] = deque(maxlen=window)
+        self.cold: deque[bool] = deque(maxlen=window)     # per point: launched after an idle gap
         self.tail_quantile = tail_quantile
         self.a, self.b, self.margin = 0.0, math.nan, 0.0
+        self.c = 0.0        # extra fixed time of a cold launch (see _refit)
         self.rel_margin = self.rel_edge_margin = 0.0
+        # (tail, edge) relative margins for warm (back-to-back) and cold (after idle) launches
+        self.margins = {False: (0.0, 0.0), True: (0.0, 0.0)}
 
-    def add(self, size: float, seconds: float) -> None:
+    def add(self, size: float, seconds: float, cold: bool = False) -> None:
         self.points.append((size, seconds))
+        self.cold.append(cold)
         self._refit()
+
+    def keep(self, pred) -> None:
+        """Drop the points for which `pred(size, seconds)` is false (stale ones) and refit."""
+        kept = [(pt, c) for pt, c in zip(self.points, self.cold, strict=True) if pred(*pt)]
+        self.points.clear()
+        self.cold.clear()
+        for pt, c in kept:
+            self.points.append(pt)
+            self.cold.append(c)
+        if self.points:
+            self._refit()
 
     @property
     def ready(self) -> bool:
@@ -141,48 +159,76 @@ class StepTimeFit:
         # over-predicts every size above the ones seen (t = a + bB <= (a+b)B).
         return 0.0, sum(y / x for x, y in points) / n
 
+    @classmethod
+    def _model(cls, points) -> tuple[float, float, float]:
+        """Least squares t = a + b*B + c*cold over (B, t, cold) points: one slope, a warm and a cold
+        intercept (c >= 0). Without at least 3 points of each kind, or when the cold ones are not slower,
+        one line for all (c = 0)."""
+        groups = [[(x, y) for x, y, k in points if k == flag] for flag in (False, True)]
+        if all(len(g) >= 3 for g in groups):
+            means = [(sum(x for x, _ in g) / len(g), sum(y for _, y in g) / len(g)) for g in groups]
+            sxx = sum((x - m[0]) ** 2 for g, m in zip(groups, means, strict=True) for x, _ in g)
+            if sxx > 0:
+                b = sum((x - m[0]) * (y - m[1]) for g, m in zip(groups, means, strict=True) for x, y in g) / sxx
+                a, a_cold = (m[1] - b * m[0] for m in means)
+                if b > 0 and 0 <= a <= a_cold:
+                    return a, b, a_cold - a
+        a, b = cls._line([(x, y) for x, y, _ in points])
+        return a, b, 0.0
+
     def _refit(self) -> None:
-        pts = list(self.points)
-        a, b = self._line(pts)
-        resid = sorted(y - (a + b * x) for x, y in pts)
+        pts = [(x, y, k) for (x, y), k in zip(self.points, self.cold, strict=True)]
+        a, b, c = self._model(pts)
+        resid = sorted(y - (a + b * x + c * k) for x, y, k in pts)
         if len(pts) >= 5:
             med = resid[len(resid) // 2]
             mad = sorted(abs(r - med) for r in resid)[len(resid) // 2]
             limit = med + 3 * 1.4826 * mad
-            kept = [(x, y) for x, y in pts if y - (a + b * x) <= limit]
+            kept = [(x, y, k) for x, y, k in pts if y - (a + b * x + c * k) <= limit]
             if len(kept) >= 3 and len(kept) < len(pts):
-                a, b = self._line(kept)
-                resid = sorted(y - (a + b * x) for x, y in kept)
-        self.a, self.b = a, b
+                a, b, c = self._model(kept)
+                resid = sorted(y - (a + b * x + c * k) for x, y, k in kept)
+        self.a, self.b, self.c = a, b, c
         # Margins are relative: on a contended host (shared caches, SMT siblings, clock changes) a
         # micro-batch runs a few per cent slower as a whole, so the error grows with its length. An
         # absolute margin, set by the largest launches' residuals, would idle small budgets.
-        kept = [(x, y) for x, y in pts if a + b * x > 0 and y - (a + b * x) <= resid[-1]]
-        ratios = sorted(y / (a + b * x) - 1.0 for x, y in kept)
+        kept = [(x, y, k) for x, y, k in pts if a + b * x > 0 and y - (a + b * x + c * k) <= resid[-1]]
 
-        def quantile(q: float) -> float:
-            return max(0.0, ratios[min(len(ratios) - 1, int(q * len(ratios)))]) if len(ratios) > 2 else 0.0
-        self.rel_margin = quantile(self.tail_quantile)
-        self.rel_edge_margin = max(self.rel_margin, quantile(EDGE_QUANTILE))
-        mean_x = sum(x for x, _ in kept) / len(kept) if kept else 0.0
+        def margins(ratios: list[float]) -> tuple[float, float]:
+            def quantile(q: float) -> float:
+                return max(0.0, ratios[min(len(ratios) - 1, int(q * len(ratios)))]) if len(ratios) > 2 else 0.0
+            tail = quantile(self.tail_quantile)
+            return tail, max(tail, quantile(EDGE_QUANTILE))
+        ratios = sorted(y / (a + b * x + c * k) - 1.0 for x, y, k in kept)
+        self.rel_margin, self.rel_edge_margin = pooled = margins(ratios)
+        # A launch right after idle time runs cold (caches refilled, the core woken up): on a CPU host it
+        # took ~1-2 ms more than a back-to-back one of the same size, and its tail was wider. The cold
+        # intercept carries the first; each kind gets the quantiles of its own residuals once it has
+        # MIN_POOL of them, so the window's last launches (warm) are not idled by the first one's (cold)
+        # tail, nor the first one under-reserved.
+        for flag in (False, True):
+            own = sorted(y / (a + b * x + c * k) - 1.0 for x, y, k in kept if k == flag)
+            self.margins[flag] = margins(own) if len(own) >= MIN_POOL else pooled
+        mean_x = sum(x for x, _, _ in kept) / len(kept) if kept else 0.0
         self.margin = self.rel_margin * (a + b * mean_x)     # seconds, at the typical size (for reports)
 
-    def predict(self, size: float, edge: bool = False) -> float:
+    def predict(self, size: float, edge: bool = False, cold: bool = False) -> float:
         """Upper-quantile time of a micro-batch of `size` sample-equivalents (samples x fraction);
-        `edge`: the higher EDGE_QUANTILE, for a launch whose excess would be an overrun."""
-        return (self.a + self.b * size) * (1.0 + (self.rel_edge_margin if edge else self.rel_margin))
+        `edge`: the higher EDGE_QUANTILE, for a launch whose excess would be an overrun; `cold`: the
+        launch follows idle time."""
+        return (self.a + self.b * size + self.c * cold) * (1.0 + self.margins[cold][edge])
 
-    def work_within(self, seconds: float, edge: bool = False) -> float:
+    def work_within(self, seconds: float, edge: bool = False, cold: bool = False) -> float:
         """Sample-equivalents whose predicted (upper-quantile) time fits `seconds`; <= 0 if none."""
         if not self.ready:
             return 0.0
-        return (seconds / (1.0 + (self.rel_edge_margin if edge else self.rel_margin)) - self.a) / self.b
+        return (seconds / (1.0 + self.margins[cold][edge]) - self.a - self.c * cold) / self.b
 
-    def largest_within(self, seconds: float, lo: int, hi: int, edge: bool = False) -> int:
-        """Largest B in [lo, hi] with predict(B, edge) <= seconds, or 0 if none."""
+    def largest_within(self, seconds: float, lo: int, hi: int, edge: bool = False, cold: bool = False) -> int:
+        """Largest B in [lo, hi] with predict(B, edge, cold) <= seconds, or 0 if none."""
         if not self.ready:
             return lo if seconds > 0 else 0
-        b = math.floor(self.work_within(seconds, edge))
+        b = math.floor(self.work_within(seconds, edge, cold))
         return min(hi, b) if b >= lo else 0
 
 
@@ -217,6 +263,7 @@ class BudgetEnforcer:
         self._closed: list[WindowReport] = []
         self._last_probe = -math.inf
         self._probing = False
+        self._last_end = -math.inf      # when the last measured work ended (cold/warm launches)
 
     # --- lease events ----------------------------------------------------------------------------
     def on_lease(self, terms: LeaseTerms) -> bool:
@@ -293,6 +340,7 @@ class BudgetEnforcer:
         hard_end = min(w.end, lease.expires_at)
         remaining = min(lease.budget_s - w.busy_s, hard_end - now)
         c = self.config
+        cold = now - self._last_end > COLD_GAP_S
         if c.fixed_micro_batch:
             # Baseline ("naive greedy"): a fixed size, launched whenever any budget is left.
             if remaining > 0:
@@ -320,12 +368,12 @@ class BudgetEnforcer:
             self._last_probe = w.start
             return StepNow(step_time)
         plan = min(s * remaining, c.max_batch_fraction * lease.period_s)
-        size = self.fit.largest_within(plan, c.min_micro_batch, c.max_micro_batch, edge)
+        size = self.fit.largest_within(plan, c.min_micro_batch, c.max_micro_batch, edge, cold)
         if s == 1.0 and edge and size < c.max_micro_batch:
             # What is left binds, so this is the window's last launch: fill it. Whole samples would leave up to
             # one sample's time (plus, when none fits, a whole launch's) idle; the same launch with one
             # sample more, each cut to the share of the sequence that fits, leaves almost none.
-            fill = self._fill(plan, size)
+            fill = self._fill(plan, size, cold)
             if fill is not None:
                 return fill
         if not size and w.busy_s == 0 and remaining > 0 and self._probe_due(w):
@@ -337,21 +385,21 @@ class BudgetEnforcer:
             self._probing = True
             size = c.min_micro_batch
         if size:
-            return Launch(size, self.fit.predict(size, edge) if self.fit.ready else 0.0)
+            return Launch(size, self.fit.predict(size, edge, cold) if self.fit.ready else 0.0)
         return Idle(w.end if w.end < lease.expires_at else lease.expires_at, "budget-spent")
 
-    def _fill(self, plan: float, whole: int) -> Launch | None:
+    def _fill(self, plan: float, whole: int, cold: bool = False) -> Launch | None:
         """`whole` + 1 samples cut to a common fraction of the sequence so the launch's upper-quantile
         time fits `plan`; None when that fraction would be below MIN_FRACTION or is not needed."""
         c = self.config
-        work = self.fit.work_within(plan, edge=True)
+        work = self.fit.work_within(plan, edge=True, cold=cold)
         n = whole + 1
         if n > c.max_micro_batch or n < c.min_micro_batch or work <= whole:
             return None
         frac = math.floor(work / n * 64) / 64      # coarse steps: few distinct shapes on a device
         if frac < MIN_FRACTION or frac >= 1.0:
             return None
-        return Launch(n, self.fit.predict(n * frac, edge=True), frac)
+        return Launch(n, self.fit.predict(n * frac, edge=True, cold=cold), frac)
 
     # --- measurements ----------------------------------------------------------------------------
     def record_micro_batch(self, size: int, started: float, ended: float, cpu_s: float = 0.0,
@@ -361,10 +409,8 @@ class BudgetEnforcer:
         if self._probing:
             self._probing = False
             per_sample = (ended - started) / work
-            kept = [(b, t) for b, t in self.fit.points if t / b <= 3 * per_sample]
-            self.fit.points.clear()
-            self.fit.points.extend(kept)
-        self.fit.add(work, ended - started)
+            self.fit.keep(lambda b, t: t / b <= 3 * per_sample)
+        self.fit.add(work, ended - started, cold=started - self._last_end > COLD_GAP_S)
         self._account(started, ended, cpu_s, samples=size)
 
     def record_step(self, started: float, ended: float, cpu_s: float = 0.0) -> None:
@@ -376,6 +422,7 @@ class BudgetEnforcer:
         self._account(started, ended, cpu_s)
 
     def _account(self, started: float, ended: float, cpu_s: float, samples: int = 0, step: bool = False) -> None:
+        self._last_end = max(self._last_end, ended)
         w = self.window
         if w is None or started < w.start:
             return   # work of a window already closed (e.g. revoked mid-batch): its report is out
