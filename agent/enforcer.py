@@ -380,10 +380,13 @@ class BudgetEnforcer:
             # The fit says not even the smallest batch fits an untouched budget. That may be stale
             # (slow outliers, a warm-up): re-measure with the smallest batch, at most once every
             # PROBE_EVERY windows, so a lease that is really too small costs at most that many overruns.
-            # Old points far slower per sample than the probe are dropped as stale (see record).
+            # The probe is the cheapest launch there is (the smallest batch at the shortest prefix): what
+            # is in doubt is whether the smallest launch fits, and a probe that does not fit overruns
+            # by less. Old points far slower than the probe suggests are dropped as stale (see record).
             self._last_probe = w.start
             self._probing = True
-            size = c.min_micro_batch
+            n = c.min_micro_batch
+            return Launch(n, self.fit.predict(n * MIN_FRACTION, edge, cold), MIN_FRACTION)
         if size:
             return Launch(size, self.fit.predict(size, edge, cold) if self.fit.ready else 0.0)
         return Idle(w.end if w.end < lease.expires_at else lease.expires_at, "budget-spent")
@@ -408,8 +411,10 @@ class BudgetEnforcer:
         work = size * fraction
         if self._probing:
             self._probing = False
-            per_sample = (ended - started) / work
-            self.fit.keep(lambda b, t: t / b <= 3 * per_sample)
+            # per sample-equivalent plus one (the fixed cost): comparable across sizes, and for a whole
+            # sample the same as per sample
+            unit = (ended - started) / (work + 1.0)
+            self.fit.keep(lambda b, t: t / (b + 1.0) <= 3 * unit)
         self.fit.add(work, ended - started, cold=started - self._last_end > COLD_GAP_S)
         self._account(started, ended, cpu_s, samples=size)
 

@@ -444,3 +444,13 @@ def test_the_bench_trace_targets_hold_when_launches_after_idle_run_slower():
     assert busy / granted >= 0.95, busy / granted
     over = sorted(r.overrun_s / r.length_s for r in windows)
     assert over[int(0.99 * (len(over) - 1))] < 0.10
+
+
+def test_a_probe_is_the_cheapest_launch():
+    enf = warm_enforcer(a=0.008, b=0.002)                   # t(1) = 10 ms: nothing fits a 6 ms budget
+    enf.on_lease(lease(0.0, period=0.02, valid=1.0, duty=0.3, seq=1))
+    d = enf.decide(0.0)
+    assert isinstance(d, Launch) and d.size == 1 and d.fraction == MIN_FRACTION
+    assert d.predicted_s == pytest.approx(0.008 + 0.002 * MIN_FRACTION)
+    enf.record_micro_batch(1, 0.0, 0.004, 0.0, MIN_FRACTION)              # it took 4 ms: the fit was stale
+    assert isinstance(enf.decide(0.025), Idle)                              # one probe per PROBE_EVERY windows
