@@ -47,6 +47,7 @@ class EnforcerConfig:
     fit_window: int = 64          # recent micro-batches in the affine fit
     tail_quantile: float = 0.9    # plan with this quantile of the fit's residuals as margin
     max_batch_fraction: float = 0.5  # a micro-batch may take at most this share of the period (yield latency)
+    edge_batch_fraction: float = 0.2  # the window's last micro-batch (its excess is the overrun): at most this share
     min_micro_batch: int = 1
     max_micro_batch: int = 64
     fixed_micro_batch: int = 0    # >0: baseline policy, launch this size whenever any budget remains
@@ -56,6 +57,8 @@ class EnforcerConfig:
             raise ValueError(f"EnforcerConfig.safety must be in (0, 1], got {self.safety}")
         if not 0.0 < self.max_batch_fraction <= 1.0:
             raise ValueError(f"EnforcerConfig.max_batch_fraction must be in (0, 1], got {self.max_batch_fraction}")
+        if not 0.0 < self.edge_batch_fraction <= 1.0:
+            raise ValueError(f"EnforcerConfig.edge_batch_fraction must be in (0, 1], got {self.edge_batch_fraction}")
         if self.fit_window < 2:
             raise ValueError(f"EnforcerConfig.fit_window must be >= 2, got {self.fit_window}")
         if not 1 <= self.min_micro_batch <= self.max_micro_batch:

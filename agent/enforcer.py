@@ -15,6 +15,9 @@ the first lease of an unbroken chain arrives; in each period the agent may be bu
 `duty x period` (busy time = leased share x period), at the front of the period. Each micro-batch is
 sized from an online affine fit t(B) = a + b*B (plus a tail margin) so that it ends inside what is
 left of the budget, the period and the lease's validity, with the optimizer step's time reserved.
+The window's last launch, whose excess is the overrun, is kept short (`edge_batch_fraction` of the
+period), and the launch before it is sized to leave that one room; a launch after idle time is
+planned as cold (see StepTimeFit).
 Past expiry, after a revocation, or without a lease, nothing is launched.
 """
 from __future__ import annotations
@@ -367,7 +370,23 @@ class BudgetEnforcer:
             # probe) rather than never, or training would stall with its gradients pending forever.
             self._last_probe = w.start
             return StepNow(step_time)
-        plan = min(s * remaining, c.max_batch_fraction * lease.period_s)
+        cap = c.max_batch_fraction * lease.period_s
+        last = max(min(c.edge_batch_fraction, c.max_batch_fraction) * lease.period_s, tail := self._tail()) \
+            if s == 1.0 else math.inf
+        if remaining > last:
+            # Not the window's last launch: sized jointly with it, it leaves that one room between the
+            # smallest launch (less is idle: a 12 ms budget under a 10 ms cap got one 8 ms launch and
+            # 4 ms too short for any other) and `last` (the last launch's excess over its prediction is
+            # the overrun, and a host's slowdowns scale with the launch: 1.3-1.6 x a 45 ms launch
+            # overran by 15-25 ms). It must fit what is left at the edge quantile too.
+            first = min(cap, remaining - (tail + last) / 2)
+            size = self.fit.largest_within(first, c.min_micro_batch, c.max_micro_batch, False, cold)
+            launch = Launch(size, self.fit.predict(size, False, cold)) if size else \
+                self._fill(first, 0, cold, edge=False)
+            if launch is not None and self.fit.predict(launch.size * launch.fraction, True, cold) <= remaining:
+                return launch
+            edge = True      # too little for two launches: this one is the last
+        plan = min(s * remaining, cap)
         size = self.fit.largest_within(plan, c.min_micro_batch, c.max_micro_batch, edge, cold)
         if s == 1.0 and edge and size < c.max_micro_batch:
             # What is left binds, so this is the window's last launch: fill it. Whole samples would leave up to
@@ -391,18 +410,22 @@ class BudgetEnforcer:
             return Launch(size, self.fit.predict(size, edge, cold) if self.fit.ready else 0.0)
         return Idle(w.end if w.end < lease.expires_at else lease.expires_at, "budget-spent")
 
-    def _fill(self, plan: float, whole: int, cold: bool = False) -> Launch | None:
+    def _tail(self) -> float:
+        """Upper-quantile time of the smallest launch, back to back with the one before it."""
+        return self.fit.predict(self.config.min_micro_batch * MIN_FRACTION, edge=True)
+
+    def _fill(self, plan: float, whole: int, cold: bool = False, edge: bool = True) -> Launch | None:
         """`whole` + 1 samples cut to a common fraction of the sequence so the launch's upper-quantile
         time fits `plan`; None when that fraction would be below MIN_FRACTION or is not needed."""
         c = self.config
-        work = self.fit.work_within(plan, edge=True, cold=cold)
+        work = self.fit.work_within(plan, edge=edge, cold=cold)
         n = whole + 1
         if n > c.max_micro_batch or n < c.min_micro_batch or work <= whole:
             return None
         frac = math.floor(work / n * 64) / 64      # coarse steps: few distinct shapes on a device
         if frac < MIN_FRACTION or frac >= 1.0:
             return None
-        return Launch(n, self.fit.predict(n * frac, edge=True, cold=cold), frac)
+        return Launch(n, self.fit.predict(n * frac, edge=edge, cold=cold), frac)
 
     # --- measurements ----------------------------------------------------------------------------
     def record_micro_batch(self, size: int, started: float, ended: float, cpu_s: float = 0.0,
