@@ -502,3 +502,12 @@ def test_the_bench_trace_targets_hold_when_long_launches_now_and_then_run_far_ov
     assert busy / granted >= 0.95, busy / granted
     over = sorted(r.overrun_s / r.length_s for r in windows)
     assert over[int(0.99 * (len(over) - 1))] < 0.10, over[-5:]
+
+
+def test_a_step_too_long_for_this_budget_is_not_forced_while_other_windows_take_steps():
+    enf = warm_enforcer(a=0.001, b=0.0005)
+    enf.on_lease(lease(0.0, period=0.02, valid=100.0, duty=0.25, seq=1))     # 5 ms budgets
+    enf.record_step(0.0, 0.008)                                              # steps take 8 ms (a larger window's)
+    d = enf.decide(0.1, pending_samples=8, step_samples=8)                   # 5 periods later
+    assert isinstance(d, Launch)                                             # micro-batches accumulate meanwhile
+    assert isinstance(enf.decide(0.22, pending_samples=8, step_samples=8), StepNow)  # 10 periods on: probe it
