@@ -511,3 +511,12 @@ def test_a_step_too_long_for_this_budget_is_not_forced_while_other_windows_take_
     d = enf.decide(0.1, pending_samples=8, step_samples=8)                   # 5 periods later
     assert isinstance(d, Launch)                                             # micro-batches accumulate meanwhile
     assert isinstance(enf.decide(0.22, pending_samples=8, step_samples=8), StepNow)  # 10 periods on: probe it
+
+
+def test_a_probe_the_fit_says_overruns_waits_until_nothing_else_measures():
+    enf = warm_enforcer(a=0.008, b=0.002)                   # t(1/16) = 8.1 ms: a 6 ms budget is too small
+    enf.record_micro_batch(4, 0.0, 0.016)                   # a larger window's launch, as predicted
+    enf.on_lease(lease(0.02, period=0.02, valid=1.0, duty=0.3, seq=1))
+    assert isinstance(enf.decide(0.02), Idle)               # the fit is current: no planned overrun
+    d = enf.decide(0.22)                                    # no micro-batch for 10 periods: starving, probe
+    assert isinstance(d, Launch) and d.fraction == MIN_FRACTION
