@@ -265,7 +265,6 @@ class BudgetEnforcer:
         self.last_end_reason = ""
         self._closed: list[WindowReport] = []
         self._last_probe = -math.inf
-        self._last_step = -math.inf     # when the last optimizer step ended
         self._last_launch = -math.inf   # when the last micro-batch ended
         self._probing = False
         self._last_end = -math.inf      # when the last measured work ended (cold/warm launches)
@@ -368,12 +367,13 @@ class BudgetEnforcer:
         edge = s * remaining <= c.max_batch_fraction * lease.period_s
         if step_due and s * remaining >= (self.step_estimate(EDGE_QUANTILE) if edge else step_time):
             return StepNow(step_time)
-        if step_due and w.busy_s == 0 and remaining > 0 and step_time > s * lease.budget_s \
-                and self._probe_due(w, self._last_step):
-            # Even a whole window's budget looks too small for the step, and no step was taken for
-            # PROBE_EVERY periods: take it now and then (as a probe) rather than never, or training would
-            # stall with its gradients pending forever. While other (larger) windows take the steps,
-            # forcing one into a small budget is only an overrun (12 ms steps in 6 ms budgets).
+        if pending_samples >= 2 * step_samples and w.busy_s == 0 and remaining > 0 \
+                and step_time > s * lease.budget_s and self._probe_due(w):
+            # Even a whole window's budget looks too small for the step, and a second step's worth of
+            # samples piled up behind it (no window took it): take it now and then (as a probe) rather
+            # than never, or training would stall with its gradients pending forever. While other
+            # (larger) windows take the steps, forcing one into a small budget is only an overrun
+            # (9-12 ms steps in 6 ms budgets on the bench host).
             self._last_probe = w.start
             return StepNow(step_time)
         cap = c.max_batch_fraction * lease.period_s
@@ -455,7 +455,6 @@ class BudgetEnforcer:
 
     def record_step(self, started: float, ended: float, cpu_s: float = 0.0) -> None:
         self.step_times.append(ended - started)
-        self._last_step = max(self._last_step, ended)
         self._account(started, ended, cpu_s, step=True)
 
     def record_other(self, started: float, ended: float, cpu_s: float = 0.0) -> None:

@@ -510,9 +510,9 @@ def test_a_step_too_long_for_this_budget_is_not_forced_while_other_windows_take_
     enf = warm_enforcer(a=0.001, b=0.0005)
     enf.on_lease(lease(0.0, period=0.02, valid=100.0, duty=0.25, seq=1))     # 5 ms budgets
     enf.record_step(0.0, 0.008)                                              # steps take 8 ms (a larger window's)
-    d = enf.decide(0.1, pending_samples=8, step_samples=8)                   # 5 periods later
+    d = enf.decide(0.405, pending_samples=15, step_samples=8)                # due, but no second step's worth
     assert isinstance(d, Launch)                                             # micro-batches accumulate meanwhile
-    assert isinstance(enf.decide(0.22, pending_samples=8, step_samples=8), StepNow)  # 10 periods on: probe it
+    assert isinstance(enf.decide(0.445, pending_samples=16, step_samples=8), StepNow)  # two steps' worth: probe it
 
 
 def test_a_probe_the_fit_says_overruns_waits_until_nothing_else_measures():
