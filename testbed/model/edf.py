@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from testbed.model.jit import njit
+from testbed.model.phy import UL_SPREAD, ul_spill
 
 
 @njit(cache=True, nogil=True)
@@ -85,17 +86,17 @@ def edf_serve_kernel(rows_slot, amt, n_backlog, start_slot, capacity, limit, per
 
 
 @njit(cache=True, nogil=True)
-def stage_kernel(E, nondef, is_u, is_dl, ul_weight, spread, ul_budget, dl_budget, start_slot,
+def stage_kernel(E, nondef, is_u, is_dl, ul_weight, ul_budget, dl_budget, start_slot,
                  ul_rows, ul_amt, ul_k, ul_limit, dl_rows, dl_amt, dl_k, dl_limit,
                  ul_served, dl_served, ul_oldest, dl_oldest, ul_hist, dl_hist, demand, firsts):
     """A site's compute-aware stage for a period (see `ran`): UL best-effort admitted in U slots as far
-    as its decode spill (`spread` x work / `ul_budget` SMs over the next slots) fits under E next to
+    as its decode spill (`phy.ul_spill` of work / `ul_budget` SMs) fits under E next to
     `nondef`, a U slot's share of room in proportion to its weight where decode windows overlap; then
     DL fills what is left under E in D/S slots. Both directions served by `edf_serve_kernel`; writes
     the per-cell service, ages, histograms (work units), `demand` (SMs), and the first live chunk of
     each direction's backlog into `firsts`."""
     T = nondef.shape[0]
-    n_spread = spread.shape[0]
+    n_spread = len(UL_SPREAD)  # the slots a U slot's decode spills into
     room = np.empty(T)
     for t in range(T):
         room[t] = max(E - nondef[t], 0.0) if E < np.inf else np.inf
@@ -109,22 +110,11 @@ def stage_kernel(E, nondef, is_u, is_dl, ul_weight, spread, ul_budget, dl_budget
             ul_cap[t] = ul_budget * cap
     firsts[0] = edf_serve_kernel(ul_rows, ul_amt, ul_k, start_slot, ul_cap, ul_limit, ul_served, ul_oldest,
                                  ul_hist)
-    spill = np.zeros(T)
-    for t in range(T):
-        w = 0.0
-        for c in range(ul_served.shape[1]):
-            w += ul_served[t, c]
-        for k in range(1, n_spread + 1):
-            if t + k < T:
-                spill[t + k] += spread[k - 1] * w / ul_budget
+    spill = ul_spill(ul_served.sum(axis=1) / ul_budget)
     dl_cap = np.zeros(T)
     for t in range(T):
         if is_dl[t]:
             dl_cap[t] = dl_budget * max(room[t] - spill[t], 0.0)
     firsts[1] = edf_serve_kernel(dl_rows, dl_amt, dl_k, start_slot, dl_cap, dl_limit, dl_served, dl_oldest,
                                  dl_hist)
-    for t in range(T):
-        w = 0.0
-        for c in range(dl_served.shape[1]):
-            w += dl_served[t, c]
-        demand[t] = nondef[t] + spill[t] + w / dl_budget
+    demand[:] = nondef + spill + dl_served.sum(axis=1) / dl_budget

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from testbed.model.jit import njit
+
 N_RE = 144  # data REs per PRB per slot after DMRS (TS 38.214 5.1.3.2 uses <= 156)
 K_CB = 8448  # LDPC base graph 1 max code block size (TS 38.212 5.2.2)
 DL_BUDGET_US = 200.0
@@ -124,13 +126,15 @@ class PhyCost:
         return float(dl), float(ul)
 
 
+@njit(cache=True, nogil=True)
 def ul_spill(ul_sms_at_u: np.ndarray) -> np.ndarray:
     """Spread UL decode SMs of each U slot (axis 0) over the next three slots.
 
     The input is w / 1250 per slot (nonzero only in U slots); the output has the same shape, with the
     last three slots' spill dropped: callers keep periods aligned so that every U slot has its three
-    decode slots inside the same period (see `tdd_layout`)."""
+    decode slots inside the same period (see `tdd_layout`). Compiled (see `jit`): the compute-aware
+    stage's kernel applies the same rule."""
     out = np.zeros_like(ul_sms_at_u)
-    for k, weight in enumerate(UL_SPREAD, start=1):
-        out[k:] += weight * ul_sms_at_u[:-k]
+    for k in range(1, len(UL_SPREAD) + 1):
+        out[k:] += UL_SPREAD[k - 1] * ul_sms_at_u[:-k]
     return out

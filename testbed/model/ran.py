@@ -25,7 +25,7 @@ import numpy as np
 from .config import SLOT_S, ModelConfigError, Scenario
 from .edf import stage_kernel
 from .mac import EdfInput, FifoBacklog, mac_delay_kernel, schedule_cells
-from .phy import UL_SPREAD, PhyCost, ul_spill
+from .phy import PhyCost, ul_spill
 from .traffic import SyntheticTrace, TraceSource
 
 DELAY_BINS = 4001  # histogram bins of one slot (0.5 ms); the last bin collects everything longer
@@ -102,7 +102,6 @@ class PeriodLayout:
     n_dl: np.ndarray  # DL slot-equivalents
     n_ul: np.ndarray
     ones: np.ndarray  # (T,) for sums over time
-    u_slots: tuple[np.ndarray, ...]  # per site: indices of its U slots
     ul_weight: np.ndarray  # (T, S) how many U slots' decode windows cover each slot, weighted (1, 1, 0.5)
 
     @classmethod
@@ -115,7 +114,6 @@ class PeriodLayout:
                    fixed_ul=is_u * (n_cells * cu.a / cu.budget_us),
                    n_dl=dl_frac.sum(axis=0)[:, None], n_ul=np.maximum(is_u.sum(axis=0), 1)[:, None],
                    ones=np.ones(len(dl_frac)),
-                   u_slots=tuple(np.flatnonzero(is_u[:, s]) for s in range(is_u.shape[1])),
                    ul_weight=ul_spill(is_u.astype(float)))
 
 
@@ -192,10 +190,6 @@ class RanModel:
             raise ModelConfigError(f"no site {site!r} (0..{self.scenario.n_sites - 1})")
 
     # --- the period ---
-    def _tdd(self, n_slots: int) -> tuple[np.ndarray, np.ndarray]:
-        lay = self._period_layout(n_slots)
-        return lay.dl_frac, lay.is_u
-
     def _period_layout(self, n_slots: int) -> PeriodLayout:
         if n_slots not in self._layout:
             dl, u = [], []
@@ -304,8 +298,7 @@ class RanModel:
         demand = np.empty(T)
         firsts = np.zeros(2, dtype=np.int64)
         # Each cell carries at most its own PRB-MAC output plus its PRB headroom in a slot.
-        stage_kernel(float(E), np.ascontiguousarray(nondef), lay.is_u[:, s].copy(), lay.is_dl[:, s].copy(),
-                     lay.ul_weight[:, s].copy(), UL_SPREAD, cu.budget_us, cd.budget_us, start,
+        stage_kernel(float(E), nondef, lay.is_u[:, s], lay.is_dl[:, s], lay.ul_weight[:, s], cu.budget_us, cd.budget_us, start,
                      ul.rows, ul.amounts, ul.n_backlog, be_ul + head_ul,
                      dl.rows, dl.amounts, dl.n_backlog, be_dl + head_dl,
                      ul.served, dl.served, oldest[0], oldest[1], hist[0], hist[1], demand, firsts)

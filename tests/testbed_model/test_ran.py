@@ -229,7 +229,7 @@ def test_deferred_work_never_exceeds_a_cells_prbs_or_quota_when_it_catches_up(mo
 
     def checked(*args):
         real(*args)
-        ul_limit, dl_limit, ul_served, dl_served = args[12], args[16], args[17], args[18]
+        ul_limit, dl_limit, ul_served, dl_served = args[11], args[15], args[16], args[17]
         seen.append(max(float((ul_served - ul_limit).max()), float((dl_served - dl_limit).max())))
 
     monkeypatch.setattr(ran, "stage_kernel", checked)
