@@ -269,3 +269,13 @@ def test_real_time_clock_maps_wall_time_to_slots():
 
     c = RealTimeClock(speed=1000.0)
     assert c.slot >= 0 and c.seconds_until_slot(10**9) > 0
+
+
+def test_trace_level_is_each_sites_diurnal_curve_times_scale_and_markov_state():
+    from testbed.model.traffic import MARKOV_LEVELS
+    sc = scenarios.get("demo")
+    trace = SyntheticTrace(sc, 5)
+    for slot in (0, 7_777, 3_000_000):
+        hour = sc.start_hour + slot * 0.0005 * sc.day_speedup / 3600
+        want = np.array([site.scale * diurnal_level(site.archetype, hour + site.phase_h) for site in sc.sites])
+        np.testing.assert_allclose(trace.level(slot), want * MARKOV_LEVELS[trace.markov], rtol=1e-12)
