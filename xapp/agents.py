@@ -92,11 +92,17 @@ class UsageSample:
     val_loss: float
     device: str
     mode_reason: str = ""
+    sm_scale: float = 1.0                # site SMs per reported unit (gpu_sms / cores for a CPU agent, else 1)
+
+    @property
+    def site_sm_ms_used(self) -> float:
+        """`sm_ms_used` in site SM·ms (a CPU agent reports core·ms)."""
+        return self.sm_ms_used * self.sm_scale
 
     @property
     def used_sms(self) -> float | None:
-        """Mean SMs in use over the report window (SM·ms / ms); None without a window."""
-        return self.sm_ms_used / self.window_ms if self.window_ms > 0 else None
+        """Mean site SMs in use over the report window (SM·ms / ms); None without a window."""
+        return self.site_sm_ms_used / self.window_ms if self.window_ms > 0 else None
 
 
 @dataclass
@@ -132,7 +138,6 @@ class AgentBook:
         self.leases: dict[str, LeaseIssued] = {}        # site -> current (last issued) lease
         self.seq: dict[str, int] = {}
         self.used_sm_ms: dict[str, float] = {}          # site -> SM·ms the agents reported using, this run
-        self.gpu_sms: dict[str, int] = {}               # site -> SMs of the site GPU the leases are cut from
         self._sessions = 0
 
     # connections
@@ -169,7 +174,6 @@ class AgentBook:
     def issue(self, site_id: str, sm_count: int, gpu_sms: int, reason: str, now_unix: float) -> LeaseIssued:
         seq = self.seq.get(site_id, 0) + 1
         self.seq[site_id] = seq
-        self.gpu_sms[site_id] = gpu_sms
         valid_ms = self.period_ms * self.valid_periods
         lease = lease_pb2.Lease(
             lease_id=f"{site_id}.{self.epoch}.{seq}", site_id=site_id, sm_count=sm_count, period_ms=self.period_ms,
@@ -182,21 +186,24 @@ class AgentBook:
     def revoke(self, site_id: str) -> LeaseIssued | None:
         return self.leases.pop(site_id, None)
 
-    def record_usage(self, site_id: str, u: lease_pb2.UsageReport, now: float) -> bool:
-        """Keep a usage report; False (and not kept) when it names a lease this site never had in this epoch."""
+    def record_usage(self, site_id: str, u: lease_pb2.UsageReport, now: float, gpu_sms: int = 0) -> bool:
+        """Keep a usage report; False (and not kept) when it names a lease this site never had in this epoch.
+
+        `gpu_sms`: SMs of the site GPU the leases are cut from (0: unknown, the report is taken as is)."""
         a = self.agents.get(site_id)
         if a is None:
             return False
         prefix = f"{site_id}.{self.epoch}."
         if not u.lease_id.startswith(prefix):
             return False
-        a.usage.append(UsageSample(now, u.sm_ms_used, u.sm_ms_granted, u.overrun_ms, u.steps, u.tokens, u.loss, u.mode,
-                                   u.window_ms, u.val_loss, u.device, getattr(u, "mode_reason", "")))
-        a.reports += 1
         # A CPU agent (testbed, CI) stands in for the site GPU: its duty cycle over all its cores maps to the
         # lease's share of the GPU, so its core·ms convert to site SM·ms at gpu_sms / cores.
         scale = 1.0
-        if a.reg.kind == "cpu" and a.reg.sm_count > 0 and self.gpu_sms.get(site_id):
-            scale = self.gpu_sms[site_id] / a.reg.sm_count
-        self.used_sm_ms[site_id] = self.used_sm_ms.get(site_id, 0.0) + u.sm_ms_used * scale
+        if a.reg.kind == "cpu" and a.reg.sm_count > 0 and gpu_sms > 0:
+            scale = gpu_sms / a.reg.sm_count
+        sample = UsageSample(now, u.sm_ms_used, u.sm_ms_granted, u.overrun_ms, u.steps, u.tokens, u.loss, u.mode,
+                             u.window_ms, u.val_loss, u.device, u.mode_reason, scale)
+        a.usage.append(sample)
+        a.reports += 1
+        self.used_sm_ms[site_id] = self.used_sm_ms.get(site_id, 0.0) + sample.site_sm_ms_used
         return True

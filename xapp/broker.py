@@ -240,7 +240,8 @@ class LeaseBroker:
                         seq=m.heartbeat.seq, sent_unix_ms=int(self.wall() * 1000))))
                 elif kind == "usage":
                     check_usage(m.usage)
-                    if not self.book.record_usage(sess.site_id, m.usage, now):
+                    site = self.cfg.site(sess.site_id)
+                    if not self.book.record_usage(sess.site_id, m.usage, now, site.gpu_sms if site else 0):
                         log.info("site %s: usage for unknown lease %s ignored", sess.site_id, m.usage.lease_id)
                 elif kind == "transfer":
                     t = m.transfer

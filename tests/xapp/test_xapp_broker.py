@@ -102,6 +102,40 @@ def test_register_welcome_lease_heartbeat_usage_revoke():
     assert ledger == [("s1.7.1", "granted"), ("s1.7.1", "revoked")]
 
 
+def test_cpu_agent_usage_is_in_site_sms_and_agrees_with_the_counter():
+    # A CPU agent with 16 cores stands in for s1's 128-SM GPU: 8 cores busy over a 100 ms window are half
+    # the site GPU, 64 SMs, both in the sample's used_sms and in the per-site SM·ms counter.
+    async def body(broker, call_raw, ledger):
+        q: asyncio.Queue = asyncio.Queue()
+        q.put_nowait(register(kind="cpu", sm=16, gran=1).SerializeToString())
+
+        async def requests():
+            while True:
+                item = await q.get()
+                if item is None:
+                    return
+                yield item
+
+        call = call_raw(requests())
+        assert (await call.read()).welcome.site_id == "s1"
+        assert (await call.read()).WhichOneof("body") == "revoke"
+        broker.grant("s1", 64, "weaver")
+        lease = (await call.read()).lease
+        for _ in range(2):
+            q.put_nowait(lease_pb2.AgentMessage(usage=lease_pb2.UsageReport(
+                lease_id=lease.lease_id, sm_ms_used=800.0, sm_ms_granted=1600.0, window_ms=100.0,
+                mode="cpu")).SerializeToString())
+        await wait_for(lambda: broker.book.agents["s1"].reports == 2)
+        samples = list(broker.book.agents["s1"].usage)
+        q.put_nowait(None)
+        return samples, broker.book.used_sm_ms["s1"]
+
+    samples, used_sm_ms = run(make_cfg(), body)
+    assert [u.sm_ms_used for u in samples] == [800.0, 800.0]          # the agent's own core·ms, as reported
+    assert [u.used_sms for u in samples] == [64.0, 64.0]              # site SMs, comparable with the lease
+    assert used_sm_ms == sum(u.used_sms * u.window_ms for u in samples) == 12800.0
+
+
 async def _expect_error(call_raw, msgs, metadata=None):
     async def requests():
         for m in msgs:
