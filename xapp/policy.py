@@ -90,8 +90,7 @@ class SiteDecision:
     wanted_sms: int | None = None  # what E would be without hysteresis (weaver), for the hold count
 
 
-_SERIES = ("demand_mean", "demand_max", "offered_mean", "offered_max", "nondeferrable_max", "be_delay_ms",
-           "be_deferred_bytes")
+_SERIES = ("demand_mean", "demand_max", "offered_mean", "offered_max", "nondeferrable_max", "be_delay_ms")
 
 
 @dataclass
@@ -298,9 +297,8 @@ class WeaverPolicy:
         budget = obs.be_delay_budget_ms
         if d > 0.5 * budget:
             return max(want, prev + obs.granularity), why + f"; BE delay {d:.1f} ms > half budget"
-        queued = history.series("be_deferred_bytes", 1)
-        growing = (obs.be_deferred_bytes is not None and len(queued) > 0
-                   and obs.be_deferred_bytes > float(queued[-1]) > 0)
+        queued = history.observations[-1].be_deferred_bytes if history.observations else None
+        growing = obs.be_deferred_bytes is not None and queued is not None and obs.be_deferred_bytes > queued > 0
         if growing and d > 0.25 * budget:
             return max(want, prev), why + f"; BE backlog growing ({d:.1f} ms): hold"
         return want, why
