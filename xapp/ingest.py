@@ -94,15 +94,11 @@ class Ingest:
 
     The KPM header carries only informative fields (colletStartTime), but it is where a KPM version
     mismatch shows (v2.03 and v3.00 messages are the same bytes; headers differ in TimeStamp size), so
-    every header is decoded by default. `header_every=N` decodes the first `header_warmup` headers of a
-    subscription and then every N-th (a mismatch is a property of the node); with e2sm's fast header
-    reader that saves nothing measurable (`weaver bench xapp`), so it stays 1."""
+    every header is decoded (with e2sm's fast header reader, decoding only some saved nothing measurable
+    in `weaver bench xapp`)."""
 
-    def __init__(self, decode=decode_e2ap, header_every: int = 1, header_warmup: int = 2) -> None:
+    def __init__(self, decode=decode_e2ap) -> None:
         self.decode = decode
-        self.header_every = max(1, header_every)
-        self.header_warmup = header_warmup
-        self._seen: dict[int, int] = {}
         self.subs: dict[int, KpmSubscription] = {}
         self.errors: dict[str, int] = {}
         self.accepted = 0
@@ -112,7 +108,6 @@ class Ingest:
 
     def remove(self, sub_id: int) -> None:
         self.subs.pop(sub_id, None)
-        self._seen.pop(sub_id, None)
 
     def _fail(self, kind: str, message: str) -> IngestError:
         self.errors[kind] = self.errors.get(kind, 0) + 1
@@ -133,12 +128,8 @@ class Ingest:
         if ind.ran_function_id != sub.ran_function_id:
             raise self._fail("unknown-subscription", f"{sub.meid}: RAN function {ind.ran_function_id}, "
                                                      f"subscribed {sub.ran_function_id}")
-        n = self._seen.get(sub_id, 0)
-        self._seen[sub_id] = n + 1
-        collected = None
         try:
-            if n < self.header_warmup or n % self.header_every == 0:
-                collected = decode_indication_header(ind.header, sub.version).collect_start_time
+            collected = decode_indication_header(ind.header, sub.version).collect_start_time
             msg = decode_indication_message(ind.message, sub.version)
         except E2DecodeError as exc:
             raise self._fail("e2sm", f"KPM {sub.version.name} from {sub.meid}: {exc}") from None
