@@ -105,15 +105,37 @@ class Supervisor:
 
     def stop(self, child: Child, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
         """Signal the child's whole process group, wait, then SIGKILL what is left."""
+        self._signal(child, sig)
+        return self._reap(child, timeout)
+
+    def stop_all(self, order: list[str] | None = None, timeout: float = 10.0) -> None:
+        """Stop the children group by group: each name in `order` is a group (a child of that name, or
+        every "name:..." child), signalled all at once and then waited for, so that its members stop
+        side by side (agents finish one cross-site round together); then the rest, newest first."""
+        names = order or [c.name for c in reversed(self.children)]
+        groups = [[c for c in self.children if c.name == n or c.name.startswith(n + ":")] for n in names]
+        grouped = {id(c) for g in groups for c in g}
+        groups += [[c] for c in reversed(self.children) if id(c) not in grouped]
+        for group in groups:
+            for c in group:
+                self._signal(c, signal.SIGTERM)
+            for c in group:
+                self._reap(c, timeout)
+
+    @staticmethod
+    def _signal(child: Child, sig: int) -> None:
         if child.proc.poll() is None:
             try:
                 os.killpg(child.proc.pid, sig)
             except ProcessLookupError:
                 pass
-            try:
-                child.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
+
+    @staticmethod
+    def _reap(child: Child, timeout: float) -> int | None:
+        try:
+            child.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
         try:  # grandchildren (e.g. a Lighthouse) share the group: make sure none outlives us
             os.killpg(child.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -122,13 +144,3 @@ class Supervisor:
             child.proc.kill()
             child.proc.wait(5)
         return child.proc.returncode
-
-    def stop_all(self, order: list[str] | None = None, timeout: float = 10.0) -> None:
-        names = order or [c.name for c in reversed(self.children)]
-        rest = [c for c in self.children if c.name not in names]
-        for name in names:
-            for c in self.children:
-                if c.name == name or c.name.startswith(name + ":"):
-                    self.stop(c, timeout=timeout)
-        for c in rest:
-            self.stop(c, timeout=timeout)

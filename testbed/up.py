@@ -399,16 +399,7 @@ def shutdown(sup: Supervisor, timeout: float) -> None:
     """RAN first: the xApp revokes every lease on SIGTERM. Then every agent at once: each finishes its
     cross-site round (its peers are in the same round, so nobody waits for a site already stopped) and
     writes a checkpoint. The Lighthouse last, so that no agent loses its quorum service while stopping."""
-    for c in sup.children:
-        if c.name == "xapp":
-            sup.stop(c, timeout=timeout)
-    for c in sup.children:
-        if c.name.startswith("agent:") and c.alive:
-            try:
-                os.killpg(c.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    sup.stop_all(["agent", "lighthouse"], timeout)
+    sup.stop_all(["xapp", "agent", "lighthouse"], timeout)
 
 
 def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: dict, elapsed: float,

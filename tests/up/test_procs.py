@@ -50,3 +50,28 @@ def test_child_exit_before_line_is_reported():
     with pytest.raises(ChildFailed, match="exited with 3"):
         child.wait_for_line("never", timeout=20)
     sup.stop_all()
+
+
+def test_a_group_is_signalled_at_once_then_waited_for(tmp_path):
+    # Each child logs when SIGTERM reaches it and when it exits, 0.5 s later (an agent finishing its
+    # round). Stopped as a group, the second hears SIGTERM before the first has exited.
+    code = textwrap.dedent("""
+        import signal, sys, time
+        def term(*_):
+            print("term", time.time(), flush=True)
+            time.sleep(0.5)
+            print("exit", time.time(), flush=True)
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, term)
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    sup = Supervisor(log_dir=tmp_path)
+    kids = [sup.start(f"agent:{i}", [sys.executable, "-c", code]) for i in range(2)]
+    for k in kids:
+        k.wait_for_line("ready", timeout=20)
+    sup.stop_all(["agent"], timeout=5)
+    first_exit = float(kids[0].wait_for_line(r"exit (\S+)", timeout=1).group(1))
+    second_term = float(kids[1].wait_for_line(r"term (\S+)", timeout=1).group(1))
+    assert second_term < first_exit
+    assert not any(k.alive for k in kids)
