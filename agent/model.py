@@ -115,7 +115,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None
-        # reshape, not view: a user Dataset may hand over non-contiguous targets (slices of a window)
+        # reshape, not view: targets may be non-contiguous (the trainer cuts samples to a prefix, x[:, :n])
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
 

@@ -65,7 +65,7 @@ class GreenContextPool:
             return self.device_sms
         return (sm_count // self.granularity) * self.granularity
 
-    def stream(self, sm_count: int):
+    def context(self, sm_count: int):
         """The green context for a lease, or None (default stream, duty cycle only)."""
         if not self.enabled:
             return None
@@ -85,7 +85,7 @@ class GreenContextPool:
 
     @contextlib.contextmanager
     def scope(self, sm_count: int):
-        ctx = self.stream(sm_count)
+        ctx = self.context(sm_count)
         if ctx is None:
             yield self.device_sms
             return

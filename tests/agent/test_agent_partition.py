@@ -15,7 +15,7 @@ from agent.site_agent import SiteAgent
 def test_green_context_sizes_round_down_to_the_granularity():
     pool = GreenContextPool(132, 8, enabled=False)
     assert [pool.size_for(n) for n in (0, 7, 8, 63, 64, 131, 132, 500)] == [0, 0, 8, 56, 64, 128, 132, 132]
-    assert pool.stream(64) is None                        # disabled: the duty cycle is the only limit
+    assert pool.context(64) is None                        # disabled: the duty cycle is the only limit
     with pool.scope(64) as sms:
         assert sms == 132
 
