@@ -294,8 +294,12 @@ class XappApp:
         try:
             spec, version, meas = self._spec(node, xid)
         except (SubmgrError, ValueError) as exc:       # unknown KPM OID, nothing to ask for, refused encode
+            # Retried every few seconds until the node or the config changes: log a new reason once.
+            if self.subscribe_errors.get(node.meid) != str(exc):
+                log.warning("%s: cannot subscribe: %s", node.meid, exc)
             self.subscribe_errors[node.meid] = str(exc)
-            log.warning("%s: cannot subscribe: %s", node.meid, exc)
+            if old is not None:                          # a previous run's subscription we cannot reuse
+                await self._delete_subscription(old)
             return
         keys = tuple(meas_key(m.name, m.labels[0]) for m in meas)
         if old is not None and old.e2_event_instance_id and old.ran_function_id == spec.ran_function_id \

@@ -3,6 +3,7 @@ subscription) is resubscribed: the old SubMgr subscription is deleted, a new one
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
 import pytest
@@ -10,6 +11,7 @@ from xapp_harness import SimBed, free_port, until, xapp_config
 
 from xapp.app import XappApp
 from xapp.config import load_config
+from xapp.submgr import SubmgrError
 
 pytestmark = pytest.mark.slow
 
@@ -42,4 +44,55 @@ async def _resub(tmp):
         assert x.store.subscriptions()[0].subscription_id in ids and len(x.store.subscriptions()) == 2
     finally:
         await x.stop()
+        await tb.close()
+
+
+def test_remembered_subscription_is_deleted_when_the_node_cannot_be_subscribed_any_more(tmp_path, redis_env, caplog):
+    """A previous run's subscription for a node the new run cannot subscribe to (here: no KPM to ask for)
+    is deleted from SubMgr and SDL, not leaked; the permanent failure is logged once, not per retry."""
+    caplog.set_level(logging.WARNING, logger="weaver.xapp")
+    asyncio.run(_unsubscribable(tmp_path))
+    refusals = [r for r in caplog.records if "cannot subscribe" in r.getMessage()]
+    assert len(refusals) == 1, [r.getMessage() for r in refusals]
+
+
+async def _live_ids(tb) -> set[str]:
+    async with aiohttp.ClientSession() as s, s.get(tb.sim.ric.submgr_url + "/subscriptions") as r:
+        return {d.get("RestSubscriptionId", d["SubscriptionId"]) for d in await r.json()}
+
+
+async def _unsubscribable(tmp):
+    rmr_port = free_port()
+    tb = await SimBed.start(tmp, rmr_port)
+    path = xapp_config(tb, tmp, rmr_port=rmr_port, broker_port=0)
+    first = XappApp(load_config(path), keep_subscriptions=True)
+    x = None
+    try:
+        await first.start(rest_port=0, broker_listen="127.0.0.1:0")
+        await until(lambda: all(first.readiness().values()), 20, "ready")
+        meid, other = tb.meids[0], tb.meids[1]
+        old = {m: r.subscription_id for m, r in first.subscriptions.items()}
+        await first.stop()
+        first = None
+        assert await _live_ids(tb) == set(old.values())           # kept for the next run
+
+        x = XappApp(load_config(path))
+        spec = x._spec
+
+        def refuse(node, xid):
+            if node.meid == meid:
+                raise SubmgrError(f"{meid} supports none of the configured KPM measurements")
+            return spec(node, xid)
+        x._spec = refuse
+        await x.start(rest_port=0, broker_listen="127.0.0.1:0")
+        await until(lambda: other in x.subscriptions and meid in x.subscribe_errors
+                    and [r.meid for r in x.store.subscriptions()] == [other], 10, "the unusable subscription deleted")
+        assert x.subscriptions[other].subscription_id == old[other]          # the usable one is reused
+        assert await _live_ids(tb) == {old[other]}
+        await asyncio.sleep(3.5)                                              # a few more tries for meid
+        assert meid not in x.subscriptions and "none of the configured" in x.subscribe_errors[meid]
+    finally:
+        for app in (first, x):
+            if app is not None:
+                await app.stop()
         await tb.close()
