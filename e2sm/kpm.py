@@ -606,9 +606,6 @@ def decode_indication_header(data: bytes, version: KpmVersion) -> KpmIndicationH
     return header
 
 
-# Reasons for which the fast reader declines bytes that the reference path would refuse too (they
-# describe the bits, not a feature the fast reader lacks), so the cross-check needs no asn1tools run.
-# Any other reason (extensions, say) falls back to the exact check; an unknown one only costs time.
 def _also_a_v2_header(data: bytes) -> bool:
     from e2sm import _fast_kpm
     from e2sm._fast import Invalid, Unsupported
