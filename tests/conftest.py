@@ -75,6 +75,14 @@ def redis_server(tmp_path):
     proc.wait(5)
 
 
+@pytest.fixture()
+def redis_env(redis_server, monkeypatch):
+    """A private real Redis, handed to the processes under test the way the platform does (DBAAS_*)."""
+    monkeypatch.setenv("DBAAS_SERVICE_HOST", redis_server["host"])
+    monkeypatch.setenv("DBAAS_SERVICE_PORT", str(redis_server["port"]))
+    return redis_server
+
+
 def run_py(python: Path, *args: str, **kw) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.setdefault("PYTHONPATH", str(ROOT))

@@ -108,10 +108,8 @@ def test_kpm_v3_srsran_node_through_the_mini_ric():
 
 
 @pytest.mark.timeout(120)
-def test_kpm_v2_oai_node_through_the_mini_ric(redis_server, monkeypatch):
+def test_kpm_v2_oai_node_through_the_mini_ric(redis_env):
     # This flavour keeps its R-NIB in a real Redis (DBAAS_* as on the platform).
-    monkeypatch.setenv("DBAAS_SERVICE_HOST", redis_server["host"])
-    monkeypatch.setenv("DBAAS_SERVICE_PORT", str(redis_server["port"]))
     asyncio.run(_drive("v2.03", "oai", SDLWrapper()))
 
 

@@ -7,9 +7,7 @@ from xapp.state import LeaseRecord, SiteRecord, StateError, SubscriptionRecord, 
 
 
 @pytest.fixture()
-def redis_store(redis_server, monkeypatch):
-    monkeypatch.setenv("DBAAS_SERVICE_HOST", redis_server["host"])
-    monkeypatch.setenv("DBAAS_SERVICE_PORT", str(redis_server["port"]))
+def redis_store(redis_env):
     return open_store("weaver-test")
 
 
