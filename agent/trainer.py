@@ -78,6 +78,11 @@ class Trainer:
     def pending_samples(self) -> int:
         return self._pending_samples
 
+    @property
+    def pending_tokens(self) -> int:
+        """Tokens accumulated since the last optimizer step (a cut sample counts its prefix only)."""
+        return self._pending_tokens
+
     def micro_batch(self, size: int, fraction: float = 1.0) -> MicroBatchResult:
         """Forward + backward on the next `size` training samples; gradients accumulate until `optimizer_step`.
 

@@ -198,7 +198,7 @@ class CrossSiteAgent(SiteAgent):
         """The lease loop until the round's work deadline (unix s, converted to the agent's clock)."""
         t = self.trainer
         end = self.clock() + (deadline_unix_s - time.time())
-        samples0, step0 = t.samples_seen, t.step
+        tokens0, step0 = t.tokens_seen, t.step
         self._round_end, self._round_full = end, False
         try:
             while not self._stopping() and self.clock() < end:
@@ -219,10 +219,12 @@ class CrossSiteAgent(SiteAgent):
         finally:
             self._round_end = None
         steps = t.step - step0
-        pending = t.pending_samples
-        if pending:
+        # Tokens actually trained: a cut micro-batch (Launch.fraction < 1) trains only a prefix of each
+        # sample, so samples x block_size would over-count the round's (token-weighted) contribution.
+        pending = t.pending_tokens
+        if t.pending_samples:
             t.discard_pending()
-        tokens = (t.samples_seen - samples0 - pending) * t.config.model.block_size if steps else 0
+        tokens = t.tokens_seen - tokens0 - pending if steps else 0
         return LocalWork(tokens, steps, t.last_loss if steps else math.nan)
 
     def _launch(self, d: Launch) -> None:

@@ -1,0 +1,41 @@
+"""CrossSiteAgent._local_work, in-process and fast: a real Trainer of the tiny preset, the enforcer's
+decisions scripted, no broker, no Lighthouse."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+
+import pytest
+
+from agent.config import tiny_cpu
+from agent.crosssite.agent import CrossSiteAgent
+from agent.enforcer import Idle, Launch, LeaseTerms, StepNow
+from agent.monitors import cpu_facts
+
+pytestmark = [pytest.mark.agent]
+
+
+def _agent(tmp_path) -> CrossSiteAgent:
+    cfg = tiny_cpu()
+    cfg = replace(cfg, modes=replace(cfg.modes, mode="gpu"), checkpoint_dir=str(tmp_path / "ckpt"),
+                  train=replace(cfg.train, eval_every=0, checkpoint_every=0))
+    agent = CrossSiteAgent(cfg, device=cpu_facts(1))
+    agent.enforcer.on_lease(LeaseTerms("L1", 1, 0.1, 60.0, 1.0, agent.clock()))
+    return agent
+
+
+def test_round_tokens_count_only_the_trained_prefix_of_cut_samples(tmp_path):
+    agent = _agent(tmp_path)
+    t = agent.trainer
+    block = t.config.model.block_size
+    script = [Launch(4, 0.0), Launch(3, 0.0, fraction=0.5), StepNow(0.0),     # stepped: 4 + 3 cut samples
+              Launch(2, 0.0, fraction=0.25)]                                     # pending at the deadline
+    agent.enforcer.decide = lambda *a, **k: script.pop(0) if script else Idle(None, "scripted")
+    tokens0 = t.tokens_seen
+    work = agent._local_work(time.time() + 0.3)
+    assert not script and work.steps == 1 and math.isfinite(work.loss)
+    assert work.tokens == 4 * block + 3 * math.floor(0.5 * block)     # not (4 + 3) x block
+    # the pending cut launch was trained (the data position moved) but is not counted, and is dropped
+    assert t.tokens_seen - tokens0 == work.tokens + 2 * math.floor(0.25 * block)
+    assert t.pending_samples == 0 and t.pending_tokens == 0
