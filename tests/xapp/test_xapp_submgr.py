@@ -7,6 +7,8 @@ import asyncio
 import aiohttp
 import pytest
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from xapp.config import SubmgrConfig
 from xapp.submgr import (
@@ -166,9 +168,6 @@ def test_missing_notification_times_out():
     with pytest.raises(SubmgrError, match="no notification"):
         asyncio.run(_with_fake(fake, body))
 
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
