@@ -43,9 +43,8 @@ def test_rnib_fake_sdl():
     _check(SDLWrapper(use_fake_sdl=True))
 
 
-def test_rnib_real_redis(redis_server, monkeypatch):
-    monkeypatch.setenv("DBAAS_SERVICE_HOST", redis_server["host"])
-    monkeypatch.setenv("DBAAS_SERVICE_PORT", str(redis_server["port"]))
+def test_rnib_real_redis(redis_env):
+    redis_server = redis_env
     sdl = SDLWrapper()
     _check(sdl)
     # ricxappframe's reader (what an OSC xApp calls) sees the same node.
