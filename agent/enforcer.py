@@ -19,6 +19,11 @@ The window's last launch, whose excess is the overrun, is kept short (`edge_batc
 period), and the launch before it is sized to leave that one room; a launch after idle time is
 planned as cold (see StepTimeFit).
 Past expiry, after a revocation, or without a lease, nothing is launched.
+
+A caller may also set `deadline` (agent clock; None: none), a hard end of its own such as a cross-site
+round's work deadline: no launch or step is planned to end after it, and once nothing fits before it
+the decision is Idle(until=deadline, "round-deadline"). It bounds the work, not the lease: work that
+ends after it is no overrun (only the window's end, the budget and the lease's expiry make one).
 """
 from __future__ import annotations
 
@@ -85,7 +90,7 @@ class StepNow:
 @dataclass(frozen=True)
 class Idle:
     until: float | None     # None: nothing to wait for but a new lease
-    reason: str             # no-lease | expired | revoked | zero-lease | budget-spent | stale
+    reason: str             # no-lease | expired | revoked | zero-lease | budget-spent | round-deadline | stale
 
 
 Decision = Launch | StepNow | Idle
@@ -268,6 +273,7 @@ class BudgetEnforcer:
         self._last_launch = -math.inf   # when the last micro-batch ended
         self._probing = False
         self._last_end = -math.inf      # when the last measured work ended (cold/warm launches)
+        self.deadline: float | None = None  # the caller's own hard end (agent clock), e.g. a round's work deadline
 
     # --- lease events ----------------------------------------------------------------------------
     def on_lease(self, terms: LeaseTerms) -> bool:
@@ -343,8 +349,15 @@ class BudgetEnforcer:
         w, lease = self.window, self.lease
         if lease.budget_s <= 0:
             return Idle(min(w.end, lease.expires_at), "zero-lease")
-        hard_end = min(w.end, lease.expires_at)
+        lease_end = min(w.end, lease.expires_at)
+        hard_end = lease_end if self.deadline is None else min(lease_end, self.deadline)
         remaining = min(lease.budget_s - w.busy_s, hard_end - now)
+        # Nothing fitting before the caller's deadline (when it, not the lease, is what binds) waits for it.
+        idle = Idle(hard_end, "round-deadline") \
+            if hard_end - now < min(lease.budget_s - w.busy_s, lease_end - now) else Idle(lease_end, "budget-spent")
+
+        def before_deadline(seconds: float) -> bool:    # a planned overrun of the lease, never of the deadline
+            return self.deadline is None or now + seconds <= self.deadline
         c = self.config
         cold = now - self._last_end > COLD_GAP_S
         if c.fixed_micro_batch:
@@ -353,7 +366,7 @@ class BudgetEnforcer:
                 return Launch(c.fixed_micro_batch, self.fit.predict(c.fixed_micro_batch) if self.fit.ready else 0.0)
             if pending_samples >= step_samples and now < hard_end:
                 return StepNow(self.step_estimate())
-            return Idle(w.end if w.end < lease.expires_at else lease.expires_at, "budget-spent")
+            return idle
         # The optimizer step is taken as soon as enough samples are accumulated and the budget left
         # covers its (p90) time, at whatever point of the window that is; otherwise it waits for the
         # next window, whose budget it then opens. No window carries an unused reserve.
@@ -368,7 +381,7 @@ class BudgetEnforcer:
         if step_due and s * remaining >= (self.step_estimate(EDGE_QUANTILE) if edge else step_time):
             return StepNow(step_time)
         if pending_samples >= 2 * step_samples and w.busy_s == 0 and remaining > 0 \
-                and step_time > s * lease.budget_s and self._probe_due(w):
+                and step_time > s * lease.budget_s and before_deadline(step_time) and self._probe_due(w):
             # Even a whole window's budget looks too small for the step, and a second step's worth of
             # samples piled up behind it (no window took it): take it now and then (as a probe) rather
             # than never, or training would stall with its gradients pending forever. While other
@@ -402,7 +415,8 @@ class BudgetEnforcer:
             if fill is not None:
                 return fill
         probe = c.min_micro_batch * MIN_FRACTION
-        if not size and w.busy_s == 0 and remaining > 0 and self._probe_due(
+        if not size and w.busy_s == 0 and remaining > 0 and before_deadline(self.fit.predict(probe, edge, cold)) \
+                and self._probe_due(
                 w, -math.inf if self.fit.predict(probe, False, cold) <= remaining else self._last_launch):
             # The fit says not even the smallest batch fits an untouched budget. That may be stale
             # (slow outliers, a warm-up): re-measure with the smallest batch, at most once every
@@ -419,7 +433,7 @@ class BudgetEnforcer:
             return Launch(c.min_micro_batch, self.fit.predict(probe, edge, cold), MIN_FRACTION)
         if size:
             return Launch(size, self.fit.predict(size, edge, cold) if self.fit.ready else 0.0)
-        return Idle(w.end if w.end < lease.expires_at else lease.expires_at, "budget-spent")
+        return idle
 
     def _tail(self) -> float:
         """Upper-quantile time of the smallest launch, back to back with the one before it."""

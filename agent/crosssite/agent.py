@@ -29,7 +29,6 @@ import torch
 
 from agent.crosssite.rounds import LocalWork, flatten
 from agent.crosssite.tier import CrossSiteTier, RoundRecord, TierConfig, lease_stream_callbacks
-from agent.enforcer import Launch
 from agent.modes import GPU
 from agent.site_agent import IDLE_TICK_S, SiteAgent
 
@@ -82,8 +81,6 @@ class CrossSiteAgent(SiteAgent):
         self._bad_config: str = ""
         self._retry_at = -math.inf
         self._stop_at: float | None = None
-        self._round_end: float | None = None   # agent clock; set only during a round's work phase
-        self._round_full = False                # the next micro-batch would overrun the work deadline
         self._round_eval_step = 0               # validate after the first committed round this step is reached
 
     # --- the loop: one round per pass while the tier is on --------------------------------------
@@ -199,25 +196,26 @@ class CrossSiteAgent(SiteAgent):
         t = self.trainer
         end = self.clock() + (deadline_unix_s - time.time())
         tokens0, step0 = t.tokens_seen, t.step
-        self._round_end, self._round_full = end, False
+        # The deadline is one more hard end for the enforcer: it plans nothing (micro-batch, validation
+        # chunk, step) to end after it, and idles until it once nothing fits.
+        with self._lock:
+            self.enforcer.deadline = end
         try:
             while not self._stopping() and self.clock() < end:
-                if self._round_full:   # nothing more fits before the deadline: serve lease events only
-                    self._handle(self.client.poll(min(IDLE_TICK_S, max(0.0, end - self.clock()))))
+                self._handle(self.client.poll(0.0))
+                self._serve_checkpoint_requests()
+                if self.modes.device == GPU:
+                    super()._leased_iteration()
                 else:
-                    self._handle(self.client.poll(0.0))
-                    self._serve_checkpoint_requests()
-                    if self.modes.device == GPU:
-                        super()._leased_iteration()
-                    else:
-                        super()._fallback_iteration()
+                    super()._fallback_iteration()
                 with self._lock:
                     closed = self.enforcer.close_windows(self.clock())
                 self._publish(closed)
         except Exception as exc:
             raise _WorkFailed() from exc
         finally:
-            self._round_end = None
+            with self._lock:
+                self.enforcer.deadline = None
         steps = t.step - step0
         # Tokens actually trained: a cut micro-batch (Launch.fraction < 1) trains only a prefix of each
         # sample, so samples x block_size would over-count the round's (token-weighted) contribution.
@@ -226,20 +224,6 @@ class CrossSiteAgent(SiteAgent):
             t.discard_pending()
         tokens = t.tokens_seen - tokens0 - pending if steps else 0
         return LocalWork(tokens, steps, t.last_loss if steps else math.nan)
-
-    def _launch(self, d: Launch) -> None:
-        """Never start a micro-batch predicted to end after the work deadline: shrink it, or stop."""
-        end = self._round_end
-        if end is not None:
-            left = end - self.clock()
-            if d.predicted_s > left:
-                fit = self.enforcer.fit
-                size = fit.largest_within(left, 1, d.size) if fit.ready else 0
-                if size == 0:
-                    self._round_full = True
-                    return
-                d = Launch(size, fit.predict(size))
-        super()._launch(d)
 
     def _on_round(self, rec: RoundRecord) -> None:
         self.rounds.append(rec)

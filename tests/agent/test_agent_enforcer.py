@@ -522,3 +522,76 @@ def test_a_probe_the_fit_says_overruns_waits_until_nothing_else_measures():
     assert isinstance(enf.decide(0.02), Idle)               # the fit is current: no planned overrun
     d = enf.decide(0.22)                                    # no micro-batch for 10 periods: starving, probe
     assert isinstance(d, Launch) and d.fraction == MIN_FRACTION
+
+
+# --- a caller's deadline (a cross-site round's work phase) ------------------------------------------
+
+def test_nothing_is_planned_past_a_deadline_and_it_idles_until_it():
+    enf, dev = warm_enforcer(), AffineDevice(a=0.002, b=0.001, step=0.003, jitter=0.0)
+    enf.on_lease(lease(0.0, period=0.1, valid=10.0, duty=1.0, seq=1))
+    enf.deadline = deadline = 0.0437                # inside the first window, its budget far from spent
+    now, pending, launches, idle = 0.0, 0, 0, None
+    while idle is None:
+        d = enf.decide(now, pending, 8)
+        if isinstance(d, Launch):
+            launches += 1
+            assert now + d.predicted_s <= deadline + 1e-12, (now, d)
+            t = dev.micro_batch(d.size * d.fraction)
+            enf.record_micro_batch(d.size, now, now + t, 0.0, d.fraction)
+            now, pending = now + t, pending + d.size
+        elif isinstance(d, StepNow):
+            assert now + d.predicted_s <= deadline + 1e-12, (now, d)
+            enf.record_step(now, now + dev.optimizer_step())
+            now, pending = now + dev.step, 0
+        else:
+            idle = d
+    assert launches >= 2 and idle == Idle(deadline, "round-deadline")
+    assert deadline - now < 0.004                    # what is left is too short for even a cut launch (3 ms)
+    assert enf.decide(deadline + 0.01, pending, 8) == idle    # past it: still nothing until the caller clears it
+    enf.deadline = None                              # the lease's budget was never the limit
+    assert isinstance(enf.decide(now, pending, 8), Launch | StepNow)
+    # The deadline bounds the work, not the lease: work ending after it is no overrun.
+    enf.record_micro_batch(4, now, deadline + 0.005)
+    (report,) = enf.close_windows(0.1)
+    assert report.overrun_s == 0.0
+
+
+def test_a_deadline_past_the_lease_s_limits_changes_nothing():
+    enf, free = warm_enforcer(), warm_enforcer()
+    for e in (enf, free):
+        e.on_lease(lease(0.0, period=0.1, valid=1.0, duty=0.3, seq=1))
+        e.record_other(0.0, 0.028)                   # 2 ms left of the 30 ms budget: a prefix, then nothing
+    enf.deadline = 0.05
+    assert enf.decide(0.028) == free.decide(0.028)
+    enf.record_other(0.028, 0.0299)
+    free.record_other(0.028, 0.0299)
+    assert enf.decide(0.0299) == free.decide(0.0299) == Idle(0.1, "budget-spent")
+
+
+def test_no_probe_or_forced_step_runs_past_a_deadline():
+    for pending, taken in ((0, Launch), (16, StepNow)):     # the probe; the forced step (two steps' worth)
+        enf = warm_enforcer(a=0.008, b=0.002)        # t(1/16) = 8.1 ms: a 6 ms budget is too small
+        enf.on_lease(lease(0.0, period=0.02, valid=10.0, duty=0.3, seq=1))
+        enf.record_step(0.0, 0.008)                  # steps take 8 ms: no budget fits one either
+        enf.deadline = 0.245                         # 5 ms ahead of the next decision
+        assert enf.decide(0.24, pending, 8) == Idle(0.245, "round-deadline")
+        enf.deadline = None
+        d = enf.decide(0.24, pending, 8)
+        assert isinstance(d, taken) and (taken is StepNow or d.fraction == MIN_FRACTION)
+
+
+@given(st.lists(st.tuples(st.integers(1, 64), st.floats(1e-4, 0.2)), min_size=WARM_POINTS, max_size=40),
+       st.floats(0.01, 0.2), st.floats(0.05, 1.0), st.floats(0.0, 1.0), st.integers(0, 24))
+@settings(max_examples=150, deadline=None)
+def test_no_planned_launch_or_step_is_predicted_to_end_past_the_deadline(points, period, duty, ahead, pending):
+    enf = BudgetEnforcer(EnforcerConfig(max_micro_batch=64))
+    for b, t in points:
+        enf.fit.add(b, t)
+    enf.on_lease(lease(0.0, period=period, valid=10.0, duty=duty, seq=1))
+    enf.record_step(0.0, 0.0)
+    enf.deadline = ahead * period
+    d = enf.decide(0.0, pending, 8)
+    if isinstance(d, Launch | StepNow):
+        assert d.predicted_s <= enf.deadline + 1e-12
+    elif enf.deadline < duty * period:
+        assert d == Idle(enf.deadline, "round-deadline")

@@ -39,3 +39,24 @@ def test_round_tokens_count_only_the_trained_prefix_of_cut_samples(tmp_path):
     # the pending cut launch was trained (the data position moved) but is not counted, and is dropped
     assert t.tokens_seen - tokens0 == work.tokens + 2 * math.floor(0.25 * block)
     assert t.pending_samples == 0 and t.pending_tokens == 0
+
+
+def test_the_round_s_deadline_is_the_enforcer_s_for_the_work_phase_only(tmp_path):
+    agent = _agent(tmp_path)
+    enf, decide, seen = agent.enforcer, agent.enforcer.decide, []
+
+    def recording(now, *a):
+        d = decide(now, *a)
+        seen.append((now, enf.deadline, d))
+        return d
+    enf.decide = recording
+    start = agent.clock()
+    work = agent._local_work(time.time() + 0.4)
+    assert seen and enf.deadline is None                          # cleared once the work phase is over
+    deadlines = {dl for _, dl, _ in seen}
+    assert len(deadlines) == 1 and start + 0.35 < deadlines.pop() < start + 0.45
+    end = seen[0][1]
+    # every launch and step was planned to end by the deadline (a young fit predicts 0: not checked)
+    assert all(now + d.predicted_s <= end + 1e-9 for now, _, d in seen if isinstance(d, Launch | StepNow))
+    assert all(d.until == end for _, _, d in seen if isinstance(d, Idle) and d.reason == "round-deadline")
+    assert work.steps >= 1 and work.tokens > 0
