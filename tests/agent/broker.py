@@ -15,6 +15,16 @@ import grpc
 from schemas.proto.weaver.v1 import lease_pb2, lease_pb2_grpc
 
 
+def wait_for(pred, timeout: float, every: float = 0.02) -> bool:
+    """Poll `pred` every `every` seconds until it holds (True) or `timeout` seconds passed (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(every)
+    return False
+
+
 class ScriptedBroker(lease_pb2_grpc.LeaseBrokerServicer):
     def __init__(self, heartbeat_ms: int = 200, epoch: int = 1, token: str = ""):
         self.heartbeat_ms, self.epoch, self.token = heartbeat_ms, epoch, token
@@ -73,12 +83,7 @@ class ScriptedBroker(lease_pb2_grpc.LeaseBrokerServicer):
             return [m.usage for m in self.received if m.WhichOneof("body") == "usage"]
 
     def wait_for(self, predicate, timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            time.sleep(0.02)
-        return False
+        return wait_for(predicate, timeout)
 
     # --- the RPC ---------------------------------------------------------------------------------
     def Session(self, request_iterator, context):

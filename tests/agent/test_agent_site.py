@@ -16,7 +16,7 @@ import pytest
 from agent.config import LeaseClientConfig, tiny_cpu
 from agent.monitors import cpu_facts
 from agent.site_agent import SiteAgent
-from tests.agent.broker import ScriptedBroker
+from tests.agent.broker import ScriptedBroker, wait_for
 
 
 @pytest.fixture()
@@ -47,15 +47,6 @@ class Running:
         assert not self.thread.is_alive()
 
 
-def wait(pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return False
-
-
 def p99(xs):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(0.99 * len(xs)))]
@@ -64,9 +55,9 @@ def p99(xs):
 @pytest.mark.parametrize("period_ms,duty", [(50, 0.5), (100, 0.3)])
 def test_leases_are_honoured_and_reported(broker, tmp_path, period_ms, duty):
     with Running(broker.port, tmp_path) as agent:
-        assert wait(lambda: agent.client.connected)
+        assert wait_for(lambda: agent.client.connected, 10)
         broker.renew_every_period(sm_count=1, period_ms=period_ms, valid_for_ms=3 * period_ms, duty=duty)
-        assert wait(lambda: len([r for r in agent.window_reports if r.end == "period"]) >= 25, timeout=20)
+        assert wait_for(lambda: len([r for r in agent.window_reports if r.end == "period"]) >= 25, timeout=20)
         broker.stop_renewing()
     windows = [r for r in agent.window_reports if r.end == "period"][5:]   # skip the fit's warm-up
     granted = sum(r.granted_s for r in windows)
@@ -84,11 +75,11 @@ def test_leases_are_honoured_and_reported(broker, tmp_path, period_ms, duty):
 
 def test_expiry_without_renewal_stops_work_within_one_micro_batch(broker, tmp_path):
     with Running(broker.port, tmp_path) as agent:
-        assert wait(lambda: agent.client.connected)
+        assert wait_for(lambda: agent.client.connected, 10)
         broker.lease(sm_count=1, period_ms=50, valid_for_ms=400, duty=1.0, lease_id="once")
-        assert wait(lambda: agent.enforcer.lease is not None)
+        assert wait_for(lambda: agent.enforcer.lease is not None, 10)
         expires_at = agent.enforcer.lease.expires_at
-        assert wait(lambda: time.monotonic() > expires_at + 0.3)
+        assert wait_for(lambda: time.monotonic() > expires_at + 0.3, 10)
         work = list(agent.work_log)
     assert work, "no work was done under the lease"
     longest = max(e - s for s, e, _ in work)
@@ -99,12 +90,12 @@ def test_expiry_without_renewal_stops_work_within_one_micro_batch(broker, tmp_pa
 
 def test_revocation_and_connection_loss_stop_work(broker, tmp_path):
     with Running(broker.port, tmp_path) as agent:
-        assert wait(lambda: agent.client.connected)
+        assert wait_for(lambda: agent.client.connected, 10)
         broker.renew_every_period(sm_count=1, period_ms=50, valid_for_ms=5000, duty=1.0)
-        assert wait(lambda: len(agent.work_log) > 20)
+        assert wait_for(lambda: len(agent.work_log) > 20, 10)
         broker.stop_renewing()
         broker.revoke("", "stale-kpm")
-        assert wait(lambda: agent.enforcer.lease is None)
+        assert wait_for(lambda: agent.enforcer.lease is None, 10)
         revoked_seen = time.monotonic()
         time.sleep(0.3)
         after = [s for s, _, _ in agent.work_log if s > revoked_seen]
@@ -112,9 +103,9 @@ def test_revocation_and_connection_loss_stop_work(broker, tmp_path):
         assert agent.yield_latencies_ms and max(agent.yield_latencies_ms) < 200
         # connection loss: a long lease, then the broker vanishes -> the agent idles at once
         broker.lease(sm_count=1, period_ms=50, valid_for_ms=60_000, duty=1.0, lease_id="long")
-        assert wait(lambda: agent.enforcer.lease is not None and agent.enforcer.lease.lease_id == "long")
+        assert wait_for(lambda: agent.enforcer.lease is not None and agent.enforcer.lease.lease_id == "long", 10)
         broker.stop()
-        assert wait(lambda: agent.enforcer.lease is None)
+        assert wait_for(lambda: agent.enforcer.lease is None, 10)
         gone = time.monotonic()
         time.sleep(0.3)
         assert [s for s, _, _ in agent.work_log if s > gone] == []
@@ -125,25 +116,25 @@ def test_reconnects_after_the_broker_restarts_and_trains_again(tmp_path):
     broker = ScriptedBroker(heartbeat_ms=100)
     port = broker.start()
     with Running(port, tmp_path) as agent:
-        assert wait(lambda: agent.client.connected)
+        assert wait_for(lambda: agent.client.connected, 10)
         broker.stop()
-        assert wait(lambda: not agent.client.connected)
+        assert wait_for(lambda: not agent.client.connected, 10)
         steps_before = agent.trainer.samples_seen
         again = ScriptedBroker(heartbeat_ms=100, epoch=2)
         again.start(port)
         try:
             again.renew_every_period(sm_count=1, period_ms=50, valid_for_ms=150, duty=0.8)
-            assert wait(lambda: agent.client.connected and agent.client.epoch == 2)
-            assert wait(lambda: agent.trainer.samples_seen > steps_before + 50)
+            assert wait_for(lambda: agent.client.connected and agent.client.epoch == 2, 10)
+            assert wait_for(lambda: agent.trainer.samples_seen > steps_before + 50, 10)
         finally:
             again.stop()
 
 
 def test_shutdown_checkpoints_and_a_new_agent_resumes_from_it(broker, tmp_path):
     with Running(broker.port, tmp_path) as agent:
-        assert wait(lambda: agent.client.connected)
+        assert wait_for(lambda: agent.client.connected, 10)
         broker.renew_every_period(sm_count=1, period_ms=50, valid_for_ms=150, duty=1.0)
-        assert wait(lambda: agent.trainer.step >= 5)
+        assert wait_for(lambda: agent.trainer.step >= 5, 10)
         broker.stop_renewing()
     step = agent.trainer.step
     assert agent.last_checkpoint is not None and agent.last_checkpoint.step == step
@@ -161,19 +152,19 @@ def test_mode_switches_are_reported_with_their_reason(broker, tmp_path, monkeypa
     run.agent.modes = ModeController(ModeConfig(mode="gpu_preferred", min_leases=3, window_s=1.0,
                                                 demote_after_s=0.5, cooldown_s=0.5, quiet_s=0.0), now=time.monotonic())
     with run as agent:
-        assert wait(lambda: agent.client.connected)
+        assert wait_for(lambda: agent.client.connected, 10)
         broker.renew_every_period(sm_count=0, period_ms=50, valid_for_ms=150, duty=0.0)
         # cost demotion: leases stay at zero
-        assert wait(lambda: agent.mode_reason.startswith("cost: no usable lease"))
+        assert wait_for(lambda: agent.mode_reason.startswith("cost: no usable lease"), 10)
         assert agent.modes.mode == "cpu_preferred"
         steps = agent.trainer.step
-        assert wait(lambda: agent.trainer.step > steps + 2)              # trains on the fallback core meanwhile
-        assert wait(lambda: any(u.mode == "cpu_preferred" and u.mode_reason.startswith("cost")
-                                for u in broker.usage()))
+        assert wait_for(lambda: agent.trainer.step > steps + 2, 10)              # trains on the fallback core meanwhile
+        assert wait_for(lambda: any(u.mode == "cpu_preferred" and u.mode_reason.startswith("cost")
+                                for u in broker.usage()), 10)
         st = agent.status()
         assert st.mode == "cpu_preferred" and st.mode_reason.startswith("cost")
         broker.renew_every_period(sm_count=1, period_ms=50, valid_for_ms=150, duty=1.0)
-        assert wait(lambda: agent.mode_reason.startswith("promote"))     # promotion once leases are back
+        assert wait_for(lambda: agent.mode_reason.startswith("promote"), 10)     # promotion once leases are back
         assert agent.modes.mode == "gpu_preferred"
         broker.stop_renewing()
     assert [s.to_mode for s in agent.modes.switches] == ["cpu_preferred", "gpu_preferred"]
@@ -184,9 +175,9 @@ def test_periodic_checkpoints_are_written_outside_lease_windows(broker, tmp_path
     run.agent.config = replace(run.agent.config, train=replace(run.agent.config.train, checkpoint_every=5))
     run.agent._next_ckpt_step = 5
     with run as agent:
-        assert wait(lambda: agent.client.connected)
+        assert wait_for(lambda: agent.client.connected, 10)
         broker.renew_every_period(sm_count=1, period_ms=50, valid_for_ms=150, duty=0.5)
-        assert wait(lambda: len(agent.store.list()) >= 2, timeout=30)
+        assert wait_for(lambda: len(agent.store.list()) >= 2, timeout=30)
         broker.stop_renewing()
     steps = [c.step for c in agent.store.list()]
     # due every 5 steps, written at the next idle moment (so possibly a step or two later)

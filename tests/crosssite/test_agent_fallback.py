@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from dataclasses import replace
 
 import pytest
@@ -15,7 +14,7 @@ from agent.config import LeaseClientConfig, tiny_cpu
 from agent.crosssite.agent import CrossSiteAgent
 from agent.monitors import cpu_facts
 from schemas.proto.weaver.v1 import lease_pb2
-from tests.agent.broker import ScriptedBroker
+from tests.agent.broker import ScriptedBroker, wait_for
 
 pytestmark = [pytest.mark.agent]
 
@@ -33,15 +32,6 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]   # nothing listens once the socket is closed
-
-
-def _wait(pred, timeout=15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.mark.parametrize("cs", [
@@ -94,27 +84,27 @@ def test_unreachable_lighthouse_trains_alone_under_leases_and_backs_off(tmp_path
     thread = threading.Thread(target=agent.run, kwargs={"max_seconds": 60}, daemon=True)
     thread.start()
     try:
-        assert _wait(lambda: agent.client.connected)
+        assert wait_for(lambda: agent.client.connected, 15)
         broker.renew_every_period(sm_count=1, period_ms=100, valid_for_ms=300, duty=0.5)
         broker.push(lease_pb2.BrokerMessage(cross_site=lease_pb2.CrossSiteConfig(
             lighthouse_addr=f"http://127.0.0.1:{_closed_port()}", round_ms=400)))
-        assert _wait(lambda: agent._join is not None)
+        assert wait_for(lambda: agent._join is not None, 15)
         step = agent.trainer.step
         # the join (torchft's connect, 5 s timeout) runs off the loop thread: leased training goes on meanwhile
-        assert _wait(lambda: agent.trainer.step >= step + 3, timeout=20) and agent.tier_failures == 0
+        assert wait_for(lambda: agent.trainer.step >= step + 3, timeout=20) and agent.tier_failures == 0
         gate.set()
-        assert _wait(lambda: agent.tier_failures >= 1, timeout=30)     # the connect timed out
+        assert wait_for(lambda: agent.tier_failures >= 1, timeout=30)     # the connect timed out
         step = agent.trainer.step
-        assert _wait(lambda: agent.trainer.step >= step + 5, timeout=20)   # ...and it kept training, leased
+        assert wait_for(lambda: agent.trainer.step >= step + 5, timeout=20)   # ...and it kept training, leased
         assert agent.tier is None and not agent.rounds
         # the next try waits for the backoff (a round, then 2, 4, ...; see the test above)
         assert agent.tier_failures <= 2
         # the coordinator turns the tier off: plain SiteAgent from then on, no more join attempts
         broker.push(lease_pb2.BrokerMessage(cross_site=lease_pb2.CrossSiteConfig()))
-        assert _wait(lambda: agent.tier_config is None)
+        assert wait_for(lambda: agent.tier_config is None, 15)
         failures = agent.tier_failures
         step = agent.trainer.step
-        assert _wait(lambda: agent.trainer.step >= step + 5, timeout=20)
+        assert wait_for(lambda: agent.trainer.step >= step + 5, timeout=20)
         assert agent.tier_failures == failures
         usage = broker.usage()
         assert usage and sum(u.steps for u in usage) > 0 and all(u.overrun_ms < 1000 for u in usage)

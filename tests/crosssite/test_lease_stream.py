@@ -3,9 +3,7 @@ stream (CrossSiteConfig) and nothing else, trains rounds on torchft, and its Tra
 RoundReports arrive at the broker over the agent's real gRPC lease client."""
 from __future__ import annotations
 
-import importlib.util
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,42 +18,25 @@ from agent.model import GPTConfig
 from agent.monitors import DeviceFacts
 from agent.trainer import Trainer
 from schemas.proto.weaver.v1 import lease_pb2
+from tests.agent.broker import ScriptedBroker, wait_for
 
 pytestmark = [pytest.mark.agent, pytest.mark.slow]
 
 
-def _scripted_broker():
-    # The agent tests' real gRPC LeaseBroker (tests/ is not a package, so load it by path).
-    path = Path(__file__).resolve().parent.parent / "agent" / "broker.py"
-    spec = importlib.util.spec_from_file_location("weaver_test_broker", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.ScriptedBroker()
-
-
-def _wait(pred, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_site_joins_from_the_lease_stream_and_reports_rounds_upstream():
     torch.set_num_threads(1)
-    broker = _scripted_broker()
+    broker = ScriptedBroker()
     port = broker.start()
     client = LeaseClient(LeaseClientConfig(broker=f"127.0.0.1:{port}", site_id="s0"),
                          DeviceFacts("cpu", "x86_64", 2, 1, False)).start()
     tier = None
     try:
-        assert _wait(lambda: client.connected)
+        assert wait_for(lambda: client.connected, 20)
         with Lighthouse(LighthouseConfig(heartbeat_timeout_ms=200, join_timeout_ms=600)) as lh:
             broker.push(lease_pb2.BrokerMessage(cross_site=lease_pb2.CrossSiteConfig(
                 lighthouse_addr=lh.addr, round_ms=400, round_epoch_ms=int(time.time() * 1000),
                 heartbeat_timeout_ms=200)))
-            assert _wait(lambda: client.cross_site is not None)
+            assert wait_for(lambda: client.cross_site is not None, 20)
             config = TierConfig.from_proto(client.cross_site, "s0")
             trainer = Trainer(TrainConfig(model=GPTConfig(**TINY), eval_samples=32), CharCorpus.shakespeare())
             on_plan, on_round = lease_stream_callbacks(client)
@@ -65,7 +46,7 @@ def test_site_joins_from_the_lease_stream_and_reports_rounds_upstream():
         def sent(kind):
             with broker._lock:
                 return [getattr(m, kind) for m in broker.received if m.WhichOneof("body") == kind]
-        assert _wait(lambda: len(sent("transfer")) >= 3 and len(sent("round")) >= 3)
+        assert wait_for(lambda: len(sent("transfer")) >= 3 and len(sent("round")) >= 3, 20)
         plans, reports = sent("transfer"), sent("round")
         assert [p.round for p in plans] == [r.round for r in records]
         for p, r in zip(plans, records, strict=True):
