@@ -128,7 +128,6 @@ class StepTimeFit:
         self.tail_quantile = tail_quantile
         self.a, self.b, self.margin = 0.0, math.nan, 0.0
         self.c = 0.0        # extra fixed time of a cold launch (see _refit)
-        self.rel_margin = self.rel_edge_margin = 0.0
         # (tail, edge) relative margins for warm (back-to-back) and cold (after idle) launches
         self.margins = {False: (0.0, 0.0), True: (0.0, 0.0)}
 
@@ -184,41 +183,51 @@ class StepTimeFit:
         a, b = cls._line([(x, y) for x, y, _ in points])
         return a, b, 0.0
 
+    def _margins(self, ratios: list[float]) -> tuple[float, float]:
+        """(tail, edge) relative margins from sorted relative residuals."""
+        def quantile(q: float) -> float:
+            return max(0.0, ratios[min(len(ratios) - 1, int(q * len(ratios)))]) if len(ratios) > 2 else 0.0
+        tail = quantile(self.tail_quantile)
+        return tail, max(tail, quantile(EDGE_QUANTILE))
+
     def _refit(self) -> None:
         pts = [(x, y, k) for (x, y), k in zip(self.points, self.cold, strict=True)]
         a, b, c = self._model(pts)
-        resid = sorted(y - (a + b * x + c * k) for x, y, k in pts)
+        resid = [y - (a + b * x + c * k) for x, y, k in pts]
+        top = max(resid)        # the largest residual of the points the line is fitted to
         if len(pts) >= 5:
-            med = resid[len(resid) // 2]
-            mad = sorted(abs(r - med) for r in resid)[len(resid) // 2]
+            ordered = sorted(resid)
+            med = ordered[len(ordered) // 2]
+            mad = sorted(abs(r - med) for r in ordered)[len(ordered) // 2]
             limit = med + 3 * 1.4826 * mad
-            kept = [(x, y, k) for x, y, k in pts if y - (a + b * x + c * k) <= limit]
+            inside = [r <= limit for r in resid]
+            kept = [p for p, ok in zip(pts, inside, strict=True) if ok]
             if len(kept) >= 3 and len(kept) < len(pts):
                 a, b, c = self._model(kept)
-                resid = sorted(y - (a + b * x + c * k) for x, y, k in kept)
+                resid = [y - (a + b * x + c * k) for x, y, k in pts]
+                top = max(r for r, ok in zip(resid, inside, strict=True) if ok)
         self.a, self.b, self.c = a, b, c
         # Margins are relative: on a contended host (shared caches, SMT siblings, clock changes) a
         # micro-batch runs a few per cent slower as a whole, so the error grows with its length. An
         # absolute margin, set by the largest launches' residuals, would idle small budgets.
-        kept = [(x, y, k) for x, y, k in pts if a + b * x > 0 and y - (a + b * x + c * k) <= resid[-1]]
-
-        def margins(ratios: list[float]) -> tuple[float, float]:
-            def quantile(q: float) -> float:
-                return max(0.0, ratios[min(len(ratios) - 1, int(q * len(ratios)))]) if len(ratios) > 2 else 0.0
-            tail = quantile(self.tail_quantile)
-            return tail, max(tail, quantile(EDGE_QUANTILE))
-        ratios = sorted(y / (a + b * x + c * k) - 1.0 for x, y, k in kept)
-        self.rel_margin, self.rel_edge_margin = pooled = margins(ratios)
+        # One sorted pass of (relative residual, cold) over the points no slower than the fitted ones.
+        ratios, sum_x = [], 0.0
+        for (x, y, k), r in zip(pts, resid, strict=True):
+            if a + b * x > 0 and r <= top:
+                ratios.append((y / (a + b * x + c * k) - 1.0, k))
+                sum_x += x
+        ratios.sort()
+        pooled = self._margins([q for q, _ in ratios])
         # A launch right after idle time runs cold (caches refilled, the core woken up): on a CPU host it
         # took ~1-2 ms more than a back-to-back one of the same size, and its tail was wider. The cold
         # intercept carries the first; each kind gets the quantiles of its own residuals once it has
         # MIN_POOL of them, so the window's last launches (warm) are not idled by the first one's (cold)
         # tail, nor the first one under-reserved.
         for flag in (False, True):
-            own = sorted(y / (a + b * x + c * k) - 1.0 for x, y, k in kept if k == flag)
-            self.margins[flag] = margins(own) if len(own) >= MIN_POOL else pooled
-        mean_x = sum(x for x, _, _ in kept) / len(kept) if kept else 0.0
-        self.margin = self.rel_margin * (a + b * mean_x)     # seconds, at the typical size (for reports)
+            own = [q for q, k in ratios if k == flag]
+            self.margins[flag] = self._margins(own) if len(own) >= MIN_POOL else pooled
+        mean_x = sum_x / len(ratios) if ratios else 0.0
+        self.margin = pooled[0] * (a + b * mean_x)     # seconds, at the typical size (for reports)
 
     def predict(self, size: float, edge: bool = False, cold: bool = False) -> float:
         """Upper-quantile time of a micro-batch of `size` sample-equivalents (samples x fraction);
