@@ -338,12 +338,21 @@ class BudgetEnforcer:
         horizon = PROBE_EVERY * w.lease.period_s - 1e-9
         return w.start - self._last_probe >= horizon and w.start - last_done >= horizon
 
+    @property
+    def warm(self) -> bool:
+        """WARM_POINTS micro-batches were measured: the fit's residual quantiles are the guard."""
+        return len(self.fit.points) >= WARM_POINTS
+
+    def _cold(self, started: float) -> bool:
+        """Work starting at `started` follows idle time (see StepTimeFit): it runs, and is planned, cold."""
+        return started - self._last_end > COLD_GAP_S
+
     def safety(self) -> float:
         """Multiplicative planning safety. While the fit is young its residual quantile says little, so
         the configured `safety` applies; once WARM_POINTS micro-batches were measured the fit's upper
         residual quantile (its margin) is the guard, and scaling the budget down again would only
         leave granted time idle (that alone cost ~10 % of the grant)."""
-        return 1.0 if len(self.fit.points) >= WARM_POINTS else self.config.safety
+        return 1.0 if self.warm else self.config.safety
 
     def step_estimate(self, q: float = 0.9) -> float:
         if self.step_times:
@@ -368,7 +377,7 @@ class BudgetEnforcer:
         def before_deadline(seconds: float) -> bool:    # a planned overrun of the lease, never of the deadline
             return self.deadline is None or now + seconds <= self.deadline
         c = self.config
-        cold = now - self._last_end > COLD_GAP_S
+        cold = self._cold(now)
         if c.fixed_micro_batch:
             # Baseline ("naive greedy"): a fixed size, launched whenever any budget is left.
             if remaining > 0:
@@ -382,7 +391,7 @@ class BudgetEnforcer:
         # While a due step does not fit, micro-batches that still fit keep accumulating into it.
         step_time = self.step_estimate()
         step_due = pending_samples >= step_samples
-        s = self.safety()
+        warm, s = self.warm, self.safety()
         # A launch planned against what is left of the budget (not capped by the yield bound) ends at the
         # window's edge, where any excess over the prediction is an overrun: plan it by a higher
         # residual quantile. Earlier launches keep the 0.9 margin: their excess only shrinks the next.
@@ -399,9 +408,12 @@ class BudgetEnforcer:
             self._last_probe = w.start
             return StepNow(step_time)
         cap = c.max_batch_fraction * lease.period_s
-        last = max(min(c.edge_batch_fraction, c.max_batch_fraction) * lease.period_s, tail := self._tail()) \
-            if s == 1.0 else math.inf
-        if remaining > last:
+        if warm:
+            # A warm fit sizes a launch jointly with the window's last one (below); a young one plans each
+            # launch alone, scaled by the configured safety.
+            tail = self._tail()
+            last = max(min(c.edge_batch_fraction, c.max_batch_fraction) * lease.period_s, tail)
+        if warm and remaining > last:
             # Not the window's last launch: sized jointly with it, it leaves that one room between the
             # smallest launch (less is idle: a 12 ms budget under a 10 ms cap got one 8 ms launch and
             # 4 ms too short for any other) and `last` (the last launch's excess over its prediction is
@@ -416,7 +428,7 @@ class BudgetEnforcer:
             edge = True      # too little for two launches: this one is the last
         plan = min(s * remaining, cap)
         size = self.fit.largest_within(plan, c.min_micro_batch, c.max_micro_batch, edge, cold)
-        if s == 1.0 and edge and size < c.max_micro_batch:
+        if warm and edge and size < c.max_micro_batch:
             # What is left binds, so this is the window's last launch: fill it. Whole samples would leave up to
             # one sample's time (plus, when none fits, a whole launch's) idle; the same launch with one
             # sample more, each cut to the share of the sequence that fits, leaves almost none.
@@ -472,7 +484,7 @@ class BudgetEnforcer:
             # sample the same as per sample
             unit = (ended - started) / (work + 1.0)
             self.fit.keep(lambda b, t: t / (b + 1.0) <= 3 * unit)
-        self.fit.add(work, ended - started, cold=started - self._last_end > COLD_GAP_S)
+        self.fit.add(work, ended - started, cold=self._cold(started))
         self._last_launch = max(self._last_launch, ended)
         self._account(started, ended, cpu_s, samples=size)
 
