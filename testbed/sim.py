@@ -35,7 +35,7 @@ from ricxappframe.xapp_sdl import SDLWrapper
 from testbed.e2node.config import KPM_VERSIONS, RC_TABLES, node_configs
 from testbed.e2node.measure import from_period_report
 from testbed.e2node.shell import NodeShell
-from testbed.model import SLOT_S, CellConfig, RanModel, RealTimeClock, Scenario, SiteConfig
+from testbed.model import SLOT_S, CellConfig, RanModel, RealTimeClock, Scenario, SiteConfig, compile_kernels
 from testbed.ric.mini import MiniRic
 
 log = logging.getLogger("weaver.sim")
@@ -98,6 +98,7 @@ class Simulation:
         # The E2 nodes report per-slice delay from the queues (KPM DRB.RlcSduDelayDl); nothing
         # here reads the bytes-weighted histograms, which would cost a quarter of every period's time.
         model = RanModel(scenario, seed=cfg.seed, track_delay=False)
+        await asyncio.to_thread(compile_kernels, scenario)  # before any E2 node has a deadline
         ric = await MiniRic.start(cfg.host, cfg.e2term_port, cfg.submgr_rmr_port, cfg.submgr_http_port,
                                   cfg.xapps, sdl, cfg.route_dir, cfg.keepalive_s)
         nodes: list[NodeShell] = []

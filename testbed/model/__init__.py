@@ -17,12 +17,12 @@ from .config import (
     SliceConfig,
 )
 from .phy import PhyCost, bytes_per_prb, spectral_efficiency
-from .ran import PeriodReport, RanModel, tdd_layout
+from .ran import PeriodReport, RanModel, compile_kernels, tdd_layout
 from .traffic import Arrivals, CsvTrace, SyntheticTrace, TraceFormatError, TraceSource, archetype_shape
 
 __all__ = [
     "ARCHETYPES", "BEST_EFFORT", "PROTECTED", "SLOT_S", "TDD_PATTERNS", "Arrivals", "CellConfig", "CsvTrace",
     "ModelConfigError", "PeriodReport", "PhyCost", "RanModel", "RealTimeClock", "Scenario", "SiteConfig",
     "SliceConfig", "SyntheticTrace", "TraceFormatError", "TraceSource", "VirtualClock", "archetype_shape",
-    "bytes_per_prb", "spectral_efficiency", "tdd_layout",
+    "bytes_per_prb", "compile_kernels", "spectral_efficiency", "tdd_layout",
 ]

@@ -117,6 +117,18 @@ class PeriodLayout:
                    ul_weight=ul_spill(is_u.astype(float)))
 
 
+def compile_kernels(scenario: Scenario) -> None:
+    """Run two periods of a throwaway model of `scenario` through every compiled pass (MAC queues, delay
+    histogram, compute stage with a backlog), so that numba compiles them for this scenario's array
+    layouts, or loads them from its cache, now. A first compile takes seconds: inside a live E2 node's
+    first period it reads as a node gone silent, so a live simulation calls this before it starts."""
+    m = RanModel(scenario, seed=0)
+    for s in range(scenario.n_sites):
+        m.set_envelope(s, 0.0)  # everything best-effort deferred: the second period serves a backlog
+    m.step_period()
+    m.step_period()
+
+
 class RanModel:
     """The simulated RAN of a scenario. Not thread-safe; one owner calls `step_period` in order."""
 
