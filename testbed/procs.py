@@ -29,6 +29,8 @@ class Child:
     argv: list[str]
     proc: subprocess.Popen
     log_path: Path | None = None
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
     lines: collections.deque = field(default_factory=lambda: collections.deque(maxlen=2000))
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
@@ -83,6 +85,7 @@ class Supervisor:
         self.children: list[Child] = []
         self.log_dir = log_dir
         self.echo = echo
+        self.expected_down: set[str] = set()  # children a fault stopped on purpose (not a failure)
         if log_dir:
             log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -92,10 +95,32 @@ class Supervisor:
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 text=True, bufsize=1, env=full_env, cwd=cwd, start_new_session=True)
-        child = Child(name, argv, proc, (self.log_dir / f"{name}.log") if self.log_dir else None)
+        child = Child(name, argv, proc, (self.log_dir / f"{name}.log") if self.log_dir else None, env, cwd)
         threading.Thread(target=child._pump, args=(self.echo,), daemon=True, name=f"pump-{name}").start()
         self.children.append(child)
         return child
+
+    def kill(self, name: str) -> int | None:
+        """SIGKILL a child's whole group (no clean shutdown: a crash), reap it; it is then expected down."""
+        child = self.get(name)
+        self.expected_down.add(name)
+        self._signal(child, signal.SIGKILL)
+        return self._reap(child, 5.0)
+
+    def restart(self, name: str) -> Child:
+        """Start a (stopped or killed) child again with the same command line, environment and directory;
+        the new one takes the old one's place."""
+        old = self.get(name)
+        if old.alive:
+            raise RuntimeError(f"{name} is still running")
+        self.children.remove(old)
+        child = self.start(name, old.argv, old.env, old.cwd)
+        self.expected_down.discard(name)
+        return child
+
+    def failed(self) -> list[Child]:
+        """Children that exited without a fault having stopped them."""
+        return [c for c in self.children if not c.alive and c.name not in self.expected_down]
 
     def get(self, name: str) -> Child:
         for c in self.children:

@@ -173,6 +173,30 @@ class Simulation:
         await self.nodes[site].close()
         return True
 
+    async def start_site(self, site: int) -> bool:
+        """Bring a stopped site's E2 node back: a new RMR endpoint and E2 setup again (its subscriptions
+        are gone, as after a real reconnect). Its RC state in the RAN model is untouched. False if on air."""
+        if site not in self.stopped:
+            return False
+        old = self.nodes[site]
+        shell = await NodeShell.open(old.node.config, self.model, self.ric.e2term_address, self.cfg.host)
+        self.nodes[site] = shell
+        try:
+            await shell.setup()
+        finally:
+            self.stopped.discard(site)
+        return True
+
+    async def restart_site(self, site: int, down_s: float = 0.0) -> None:
+        """A node restart that loses its RC state: the node goes off the air, the RAN model forgets the
+        site's envelope and quotas (the DU keeps running, unshaped), and after `down_s` the node comes
+        back and does E2 setup again."""
+        await self.stop_site(site)
+        self.model.reset_controls(site)
+        if down_s > 0:
+            await asyncio.sleep(down_s)
+        await self.start_site(site)
+
     async def close(self) -> None:
         for i, n in enumerate(self.nodes):
             if i not in self.stopped:

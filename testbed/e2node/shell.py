@@ -2,6 +2,9 @@
 
 Simplification (stated): real E2 nodes speak SCTP to the E2T; this node sends its E2AP over RMR with
 `meid` = its RAN inventory name, using a static route table that sends everything to the E2T.
+
+`ack_shaper` (a fault of `testbed.faults`) acts on the node's RIC control acknowledgements on their way
+to the wire: delayed, lost, duplicated or reordered. Everything else goes out as it is.
 """
 from __future__ import annotations
 
@@ -13,9 +16,61 @@ from xapp.rmr import RmrEndpoint, RmrError, RmrMessage, RmrSendError
 from ..ric.routes import node_route_table
 from .config import NodeConfig
 from .measure import SiteMeasurements
-from .node import E2Node, Outgoing
+from .node import CONTROL_ACK, E2Node, Outgoing
 
 log = logging.getLogger("weaver.e2node")
+
+ACK_MODES = ("delay", "loss", "duplicate", "reorder")
+
+
+class AckShaper:
+    """What a fault does to RIC control ACKs (mtype 12041) leaving one node, while it is installed:
+    "delay" sends each ACK `delay_ms` later, "loss" never sends it, "duplicate" sends it twice, "reorder"
+    holds one ACK and sends it right after the next one (`release()` sends a held one when the fault ends)."""
+
+    def __init__(self, mode: str, delay_ms: float = 0.0) -> None:
+        if mode not in ACK_MODES:
+            raise ValueError(f"ACK fault mode must be one of {ACK_MODES}, got {mode!r}")
+        self.mode = mode
+        self.delay_ms = float(delay_ms)
+        self.held: Outgoing | None = None
+        self.counts = {"acks": 0, "delayed": 0, "lost": 0, "duplicated": 0, "reordered": 0}
+        self._tasks: set[asyncio.Task] = set()
+
+    async def send(self, shell: NodeShell, out: Outgoing) -> None:
+        self.counts["acks"] += 1
+        if self.mode == "loss":
+            self.counts["lost"] += 1
+            return
+        if self.mode == "duplicate":
+            self.counts["duplicated"] += 1
+            await shell._send(out)
+            await shell._send(out)
+            return
+        if self.mode == "delay":
+            self.counts["delayed"] += 1
+
+            async def later() -> None:
+                await asyncio.sleep(self.delay_ms / 1000.0)
+                await shell._send(out)
+
+            t = asyncio.ensure_future(later())
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+            return
+        if self.held is None:  # reorder: hold this one, it goes out after the next
+            self.held = out
+            return
+        held, self.held = self.held, None
+        self.counts["reordered"] += 1
+        await shell._send(out)
+        await shell._send(held)
+
+    async def release(self, shell: NodeShell) -> None:
+        """The fault ends: a held ACK goes out now; delayed ones still go out at their time."""
+        if self.held is not None:
+            held, self.held = self.held, None
+            await shell._send(held)
 
 
 class NodeShell:
@@ -24,6 +79,7 @@ class NodeShell:
         self.ep = ep
         self._task: asyncio.Task | None = None
         self.send_errors = 0
+        self.ack_shaper: AckShaper | None = None
 
     @classmethod
     async def open(cls, config: NodeConfig, ran, e2term: str, host: str = "127.0.0.1", port: int = 0) -> NodeShell:
@@ -70,7 +126,10 @@ class NodeShell:
                 return
             try:
                 for out in self.node.receive(msg.mtype, msg.payload):
-                    await self._send(out)
+                    if out.mtype == CONTROL_ACK and self.ack_shaper is not None:
+                        await self.ack_shaper.send(self, out)
+                    else:
+                        await self._send(out)
             except Exception:  # a bug on one message must not silence the node
                 log.exception("%s: failed on mtype %d", self.meid, msg.mtype)
 

@@ -190,6 +190,16 @@ class RanModel:
         if be_delay_budget_ms is not None:
             self.be_delay_budget_ms[site] = be_delay_budget_ms
 
+    def reset_controls(self, site: int) -> None:
+        """A node restart that loses its RC state: no envelope (the whole GPU), PRB quotas back to the
+        defaults (min 0, max 100 %, dedicated 0) and the slices' own delay budgets. Queues and backlogs
+        stay: the DU keeps running, unshaped."""
+        self._check_site(site)
+        self.quota[site] = 0.0
+        self.quota[site, ..., 1] = 1.0
+        self.envelope[site] = np.inf
+        self.be_delay_budget_ms[site] = self.scenario.sites[site].slices[1].delay_budget_ms
+
     def set_training_sms(self, site: int, sms: float) -> None:
         """SMs the site's agent really holds now (from its usage report)."""
         self._check_site(site)

@@ -1,0 +1,268 @@
+"""Ground truth of what each agent process executes, measured by the platform from /proc.
+
+The architecture's rule: "used" and "training-caused miss" are measured by the platform, never taken
+from the agent's own report. On a CPU site the agent stands in for the site GPU, so what it executes is
+its process's CPU time, mapped to site SMs with the broker's CPU-agent scale:
+
+    site SMs = (cpu seconds in the period / period seconds) * gpu_sms / cores
+
+(`cores` is the agent's `--cores`; `weaver up` starts every agent with `--cores 1`).
+
+What is read, and why (`ProcCpuSampler`):
+- per thread, `/proc/<pid>/task/<tid>/schedstat`, first field: nanoseconds on CPU (the scheduler's
+  sum_exec_runtime). Resolution is nanoseconds, which is what a 100 ms world period needs: the
+  alternative, utime + stime of `/proc/<pid>/stat`, counts clock ticks (SC_CLK_TCK, 100 Hz here), 10 ms
+  each - a tenth of a period - and is sampled statistically at the tick.
+- per-thread figures lose what a thread executed between the last sample and its exit (at most one
+  period of one short-lived thread). So `/proc/<pid>/stat` utime + stime (which keeps the time of exited
+  threads) is read at every sample too and its cumulative total is reported beside the schedstat total
+  as a cross-check (`stat_cpu_s` vs `schedstat_cpu_s`); when schedstat is unavailable (a kernel without
+  CONFIG_SCHEDSTATS) the sampler falls back to the tick counts, and says so in `source`.
+- descendants of the agent process (`/proc/<pid>/task/<tid>/children`, where the kernel has it) are
+  measured the same way and added: work the agent hands to a child process is still the agent's.
+
+What the number includes: everything the agent process executes - training steps inside leases, but
+also its host work outside them (the Python loop, the gRPC stream and inspect threads, idle polling,
+checkpoint writes). None of it is subtracted. The idle baseline (agent connected, no lease) is measured
+and reported beside it (`IdleBaseline`), so that a reader can tell "executed beyond a lease" from
+"the agent's own idle host work"; the RAN model is charged with all of it, as a real GPU would be.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("ascii", "replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError, OSError):
+        return None
+
+
+def stat_cpu_s(pid: int) -> float | None:
+    """utime + stime of the whole process (all threads, exited ones included), in seconds; None if gone."""
+    text = _read(f"/proc/{pid}/stat")
+    if text is None:
+        return None
+    # the command name (field 2) is in parentheses and may contain spaces: split after the last ')'
+    rest = text[text.rfind(")") + 2:].split()
+    return (int(rest[11]) + int(rest[12])) / CLK_TCK  # fields 14, 15 (utime, stime)
+
+
+def thread_ns(pid: int) -> dict[int, int] | None:
+    """Nanoseconds on CPU per live thread (schedstat, first field); None if the process is gone or the
+    kernel has no schedstat."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    out: dict[int, int] = {}
+    for tid in tids:
+        text = _read(f"/proc/{pid}/task/{tid}/schedstat")
+        if text is None:
+            continue
+        parts = text.split()
+        if parts:
+            out[int(tid)] = int(parts[0])
+    return out or None
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of every thread of `pid` (empty where the kernel has no `children` file)."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return out
+    for tid in tids:
+        text = _read(f"/proc/{pid}/task/{tid}/children")
+        if text:
+            out.extend(int(c) for c in text.split())
+    return out
+
+
+def schedstat_available() -> bool:
+    return _read(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat") is not None
+
+
+@dataclass
+class ProcCpuSampler:
+    """CPU seconds executed by one process (and its descendants) between successive `sample()` calls.
+
+    `sample()` returns the CPU seconds since the previous call (0.0 on the first), or None once the
+    process is gone. Cumulative totals by both sources stay readable (`schedstat_cpu_s`, `stat_cpu_s`)."""
+
+    pid: int
+    include_children: bool = True
+    source: str = field(default="", init=False)
+    schedstat_cpu_s: float = field(default=0.0, init=False)
+    stat_cpu_s: float = field(default=0.0, init=False)
+    _last_ns: dict[tuple[int, int], int] = field(default_factory=dict, init=False, repr=False)
+    _stat0: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    _stat_last: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    _started: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.source = "schedstat (ns, per thread)" if schedstat_available() else "stat utime+stime (clock ticks)"
+
+    def _pids(self) -> list[int]:
+        pids, todo = [], [self.pid]
+        while todo:
+            p = todo.pop()
+            pids.append(p)
+            if self.include_children:
+                todo.extend(children(p))
+        return pids
+
+    def sample(self) -> float | None:
+        if not os.path.exists(f"/proc/{self.pid}"):
+            return None
+        use_ns = self.source.startswith("schedstat")
+        delta_ns = 0
+        delta_stat = 0.0
+        seen: dict[tuple[int, int], int] = {}
+        for p in self._pids():
+            s = stat_cpu_s(p)
+            if s is not None:
+                prev = self._stat_last.get(p)
+                if prev is not None:
+                    delta_stat += max(s - prev, 0.0)
+                elif self._started:  # a new child: all its time so far is new
+                    delta_stat += s
+                self._stat_last[p] = s
+            if use_ns:
+                per = thread_ns(p)
+                for tid, ns in (per or {}).items():
+                    key = (p, tid)
+                    seen[key] = ns
+                    prev_ns = self._last_ns.get(key)
+                    if prev_ns is not None:
+                        delta_ns += max(ns - prev_ns, 0)
+                    elif self._started:  # a thread born since the last sample: count all of it
+                        delta_ns += ns
+        if use_ns:
+            self._last_ns = seen
+        if not self._started:
+            self._started = True
+            return 0.0
+        self.stat_cpu_s += delta_stat
+        self.schedstat_cpu_s += delta_ns / 1e9
+        return delta_ns / 1e9 if use_ns else delta_stat
+
+
+def site_sms(cpu_s: float, period_s: float, gpu_sms: float, cores: int) -> float:
+    """The broker's CPU-agent scale: a duty cycle over `cores` cores is that share of the site GPU."""
+    if period_s <= 0 or cores <= 0:
+        raise ValueError("period_s and cores must be positive")
+    return cpu_s / period_s * gpu_sms / cores
+
+
+@dataclass
+class IdleBaseline:
+    """The agent's executed SMs while it holds no lease (connected, idle): its host work. Periods count
+    only once the agent has reported no lease for `settle` periods in a row, so a lease's tail is not
+    mistaken for idling."""
+
+    settle: int = 3
+    samples: list = field(default_factory=list)
+    _quiet: int = 0
+
+    def observe(self, executed_sms: float, lease_sms: float, connected: bool) -> None:
+        if lease_sms > 0 or not connected:
+            self._quiet = 0
+            return
+        self._quiet += 1
+        if self._quiet > self.settle:
+            self.samples.append(executed_sms)
+
+    def median(self) -> float:
+        if not self.samples:
+            return math.nan
+        s = sorted(self.samples)
+        return s[len(s) // 2]
+
+    def p90(self) -> float:
+        if not self.samples:
+            return math.nan
+        s = sorted(self.samples)
+        return s[min(len(s) - 1, int(0.9 * len(s)))]
+
+
+@dataclass
+class AgentTruth:
+    """Per agent: the sampler, the per-period executed SMs, the lease it reported, and what lies beyond."""
+
+    site: int
+    pid: int
+    gpu_sms: float
+    cores: int = 1
+    sampler: ProcCpuSampler = field(init=False)
+    idle: IdleBaseline = field(default_factory=IdleBaseline)
+    executed_sm_s: float = 0.0
+    cpu_s: float = 0.0
+    beyond_lease_sm_ms_total: float = 0.0
+    beyond_lease_sm_ms_max: float = 0.0
+    beyond_lease_sms_max: float = 0.0
+    periods_beyond_lease: int = 0
+    last_sms: float = 0.0
+    gone: bool = False
+    series: list = field(default_factory=list)   # (t_monotonic, executed_sms, reported_lease_sms)
+
+    def __post_init__(self) -> None:
+        self.sampler = ProcCpuSampler(self.pid)
+        self.sampler.sample()
+
+    def rebind(self, pid: int) -> None:
+        """The agent process was replaced (restart): measure the new one from now on."""
+        self.pid = pid
+        self.sampler = ProcCpuSampler(pid)
+        self.sampler.sample()
+        self.gone = False
+
+    def period(self, period_s: float, lease_sms: float, connected: bool, now: float | None = None) -> float:
+        """Sample one world period of `period_s` wall seconds (the time since the last sample); returns
+        the executed site SMs over it (unclamped: a multi-threaded agent may exceed the site GPU)."""
+        cpu = self.sampler.sample()
+        if cpu is None:
+            self.gone = True
+            cpu = 0.0
+        sms = site_sms(cpu, period_s, self.gpu_sms, self.cores)
+        self.cpu_s += cpu
+        self.executed_sm_s += sms * period_s
+        beyond = max(sms - lease_sms, 0.0)
+        if beyond > 0:
+            self.periods_beyond_lease += 1
+        self.beyond_lease_sm_ms_total += beyond * period_s * 1000.0
+        self.beyond_lease_sm_ms_max = max(self.beyond_lease_sm_ms_max, beyond * period_s * 1000.0)
+        self.beyond_lease_sms_max = max(self.beyond_lease_sms_max, beyond)
+        self.idle.observe(sms, lease_sms, connected)
+        self.last_sms = sms
+        self.series.append((time.monotonic() if now is None else now, sms, lease_sms))
+        if len(self.series) > 20000:
+            del self.series[:10000]
+        return sms
+
+    def summary(self) -> dict:
+        return {
+            "source": self.sampler.source,
+            "cores": self.cores,
+            "cpu_s": self.cpu_s,
+            "schedstat_cpu_s": self.sampler.schedstat_cpu_s,
+            "stat_cpu_s": self.sampler.stat_cpu_s,
+            "sm_seconds_executed": self.executed_sm_s,
+            "idle_baseline_sms_median": self.idle.median(),
+            "idle_baseline_sms_p90": self.idle.p90(),
+            "idle_baseline_periods": len(self.idle.samples),
+            # per period: measured SMs minus the SMs of the lease the agent reported holding, when positive;
+            # this includes the agent's idle host work (see idle_baseline_*): nothing is subtracted
+            "sm_ms_beyond_lease_total": self.beyond_lease_sm_ms_total,
+            "sm_ms_beyond_lease_max": self.beyond_lease_sm_ms_max,
+            "sms_beyond_lease_max": self.beyond_lease_sms_max,
+            "periods_beyond_lease": self.periods_beyond_lease,
+        }
