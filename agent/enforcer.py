@@ -45,7 +45,12 @@ MIN_POOL = 8              # residuals a cold/warm pool needs before its own quan
 
 @dataclass(frozen=True)
 class LeaseTerms:
-    """A lease as the agent holds it; `received_at` is the agent's monotonic clock at receipt."""
+    """A lease as the agent holds it; `received_at` is the agent's monotonic clock at receipt.
+
+    `not_after` is the lease's hard end mapped onto the same clock (the broker's `sent_unix_ms +
+    valid_for_ms` less the causal clock-offset bound, see agent.lease_client.lease_hard_end), so
+    that transit and queueing never extend a lease; None when it cannot be bounded (no offset
+    sample yet, or an older broker that does not stamp leases): then receipt + valid_for alone."""
     lease_id: str
     sm_count: int
     period_s: float
@@ -55,16 +60,20 @@ class LeaseTerms:
     epoch: int = 0
     seq: int = 0
     reason: str = ""
+    not_after: float | None = None
 
     def __post_init__(self) -> None:
         if self.period_s <= 0 or self.valid_for_s < 0 or self.sm_count < 0:
             raise ValueError(f"lease {self.lease_id!r}: need period > 0, valid_for >= 0, sm_count >= 0")
         if not 0.0 <= self.duty <= 1.0 or math.isnan(self.duty):
             raise ValueError(f"lease {self.lease_id!r}: duty must be in [0, 1], got {self.duty}")
+        if self.not_after is not None and math.isnan(self.not_after):
+            raise ValueError(f"lease {self.lease_id!r}: not_after must be a time or None, got NaN")
 
     @property
     def expires_at(self) -> float:
-        return self.received_at + self.valid_for_s
+        end = self.received_at + self.valid_for_s
+        return end if self.not_after is None else min(end, self.not_after)
 
     @property
     def budget_s(self) -> float:
@@ -285,9 +294,12 @@ class BudgetEnforcer:
         self.deadline: float | None = None  # the caller's own hard end (agent clock), e.g. a round's work deadline
 
     # --- lease events ----------------------------------------------------------------------------
+    def _stale(self, terms: LeaseTerms) -> bool:
+        return terms.epoch < self.epoch or (terms.epoch == self.epoch and terms.seq <= self.seq)
+
     def on_lease(self, terms: LeaseTerms) -> bool:
         """Adopt a lease. Returns False (and ignores it) when it is stale: older epoch or sequence."""
-        if terms.epoch < self.epoch or (terms.epoch == self.epoch and terms.seq <= self.seq):
+        if self._stale(terms):
             return False
         now = terms.received_at
         self._advance(now)
@@ -300,6 +312,20 @@ class BudgetEnforcer:
                 self._close(now, REPLACED)
             self.window = _Window(terms, now)
         self.lease = terms
+        return True
+
+    def on_refused(self, terms: LeaseTerms, reason: str) -> bool:
+        """A lease the agent will not use (its hard end passed in transit, or no partition fits it). As
+        the newest lease it still supersedes every earlier one, so the current lease ends too and
+        nothing runs until the next. False (nothing changes) when it is stale."""
+        if self._stale(terms):
+            return False
+        now = terms.received_at
+        self._advance(now)
+        self.epoch, self.seq = terms.epoch, terms.seq
+        if self.window is not None:
+            self._close(now, REPLACED)
+        self.lease, self.last_end_reason = None, reason
         return True
 
     def on_revoke(self, now: float, lease_id: str = "", reason: str = REVOKED) -> bool:

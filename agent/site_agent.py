@@ -26,7 +26,7 @@ import torch
 
 from agent.checkpoint import CheckpointInfo, CheckpointStore
 from agent.config import AgentConfig
-from agent.enforcer import BudgetEnforcer, Idle, Launch, StepNow, WindowReport
+from agent.enforcer import EXPIRED, BudgetEnforcer, Idle, Launch, LeaseTerms, StepNow, WindowReport
 from agent.lease_client import (
     Connected,
     CrossSiteChanged,
@@ -45,6 +45,16 @@ log = logging.getLogger("weaver.agent")
 
 IDLE_TICK_S = 0.05        # longest idle wait: bounds how stale the status and the mode loop get
 MODE_EVERY_S = 1.0
+
+
+@dataclass(frozen=True)
+class Release:
+    """A LeaseReleased the agent sent (kept for inspection and tests)."""
+    lease_id: str
+    reason: str           # replaced | revoked | expired | refused | shutdown
+    at: float             # agent clock
+    overrun_ms: float
+    held_sm_count: int
 
 
 @dataclass
@@ -85,6 +95,9 @@ class SiteAgent:
         self.window_reports: deque[WindowReport] = deque(maxlen=1024)
         self.yield_latencies_ms: deque[float] = deque(maxlen=256)
         self.work_log: deque[tuple[float, float, str]] = deque(maxlen=4096)   # (start, end, kind) of leased work
+        self.releases: deque[Release] = deque(maxlen=1024)
+        self.refused: dict[str, int] = {}      # leases refused, by reason
+        self._busy_until = -math.inf           # agent clock when the last leased work ended
         self._lock = threading.Lock()
         self._ckpt_requests: list[tuple[threading.Event, list]] = []
         self._threads = 0
@@ -202,11 +215,12 @@ class SiteAgent:
             self._use_threads(self.enforcer.lease.sm_count)
             with self.partitions.scope(self.enforcer.lease.sm_count):
                 self._launch(d)
+            self._busy_until = self.clock()
         elif isinstance(d, StepNow):
             t0, cpu0 = self.clock(), time.process_time()
             with self.partitions.scope(self.enforcer.lease.sm_count):
                 self._optimizer_step()
-            t1 = self.clock()
+            t1 = self._busy_until = self.clock()
             self.work_log.append((t0, t1, "step"))
             with self._lock:
                 self.enforcer.record_step(t0, t1, time.process_time() - cpu0)
@@ -310,11 +324,7 @@ class SiteAgent:
         for ev in events:
             with self._lock:
                 if isinstance(ev, LeaseGranted):
-                    t = self._effective_terms(ev.terms)
-                    if self.enforcer.on_lease(t):
-                        self._records[t.lease_id] = rec = LeaseRecord(t.lease_id, t.sm_count, int(time.time() * 1e3))
-                        self.history.append(rec)
-                        self.modes.observe_lease(t.received_at, t.duty * t.sm_count / max(1, self.device.sm_count))
+                    self._on_lease(ev.terms)
                 elif isinstance(ev, LeaseRevoked):
                     if self.enforcer.on_revoke(ev.at, ev.lease_id, ev.reason):
                         self.yield_latencies_ms.append((self.clock() - ev.at) * 1e3)
@@ -326,6 +336,36 @@ class SiteAgent:
                     self.cross_site = ev.cross_site
                 elif isinstance(ev, CrossSiteChanged):
                     self.cross_site = ev.config
+
+    def _on_lease(self, terms: LeaseTerms) -> None:
+        if terms.expires_at <= terms.received_at:
+            # Its hard end passed in transit (or queueing): it grants nothing.
+            self._refuse(terms, EXPIRED)
+            return
+        t = self._effective_terms(terms)
+        if self.enforcer.on_lease(t):
+            self._records[t.lease_id] = rec = LeaseRecord(t.lease_id, t.sm_count, int(time.time() * 1e3))
+            self.history.append(rec)
+            self.modes.observe_lease(t.received_at, t.duty * t.sm_count / max(1, self.device.sm_count))
+
+    def _refuse(self, terms: LeaseTerms, reason: str) -> None:
+        """Run nothing under `terms`; being the newest lease it also ends the ones before it, so the
+        release (with `reason`) covers them all."""
+        if not self.enforcer.on_refused(terms, reason):
+            return   # stale: a newer lease was already seen, and its fate covers this one
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        rec = LeaseRecord(terms.lease_id, terms.sm_count, int(time.time() * 1e3), end="refused")
+        self.history.append(rec)
+        log.warning("lease %s (%d units) refused: %s", terms.lease_id, terms.sm_count, reason)
+        self._release(terms.lease_id, reason, terms.received_at, held_sm_count=0)
+
+    def _release(self, lease_id: str, reason: str, since: float, held_sm_count: int) -> None:
+        """Tell the broker nothing more runs under `lease_id` (nor any earlier lease). Called between
+        launches, so the work launched under it has returned; `overrun_ms` is how long that work ran
+        past `since` (the instant it should have stopped at: the event's receipt, or the expiry)."""
+        overrun_ms = max(0.0, self._busy_until - since) * 1e3
+        self.releases.append(Release(lease_id, reason, self.clock(), overrun_ms, held_sm_count))
+        self.client.send_release(lease_id, reason, overrun_ms, held_sm_count)
 
     def partition_units(self, sm_count: int) -> int:
         """Units the leased work runs on: leased cores as threads (CPU), the green-context partition

@@ -1,7 +1,8 @@
 """A real gRPC LeaseBroker for the agent's tests: implements `weaver.v1.LeaseBroker/Session` from the
 contract, scriptable from the test (push leases/revocations, auto-renew every period), and
 restartable on the same port. It is a fake of the *broker*, not of the agent: the agent under test
-talks to it over a real socket.
+talks to it over a real socket. Like the xApp's broker it stamps Welcome and Lease with its wall
+clock (`offset_ms` ahead of this host's, to test the agent's offset bound) and echoes heartbeats.
 """
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ def wait_for(pred, timeout: float, every: float = 0.02) -> bool:
 
 
 class ScriptedBroker(lease_pb2_grpc.LeaseBrokerServicer):
-    def __init__(self, heartbeat_ms: int = 200, epoch: int = 1, token: str = ""):
+    def __init__(self, heartbeat_ms: int = 200, epoch: int = 1, token: str = "", offset_ms: float = 0.0,
+                 echo_heartbeats: bool = True):
         self.heartbeat_ms, self.epoch, self.token = heartbeat_ms, epoch, token
+        self.offset_ms, self.echo_heartbeats = offset_ms, echo_heartbeats
         self.received: list[lease_pb2.AgentMessage] = []
         self.registers: list[lease_pb2.Register] = []
         self.sessions = 0
@@ -54,12 +57,18 @@ class ScriptedBroker(lease_pb2_grpc.LeaseBrokerServicer):
             self.server.stop(grace=0).wait()
 
     # --- script ----------------------------------------------------------------------------------
-    def lease(self, sm_count=2, period_ms=50, valid_for_ms=150, duty=0.5, lease_id=None, reason="test"):
+    def wall_ms(self) -> int:
+        """The broker's wall clock in whole ms, as the xApp stamps it."""
+        return int(time.time() * 1e3 + self.offset_ms)
+
+    def lease(self, sm_count=2, period_ms=50, valid_for_ms=150, duty=0.5, lease_id=None, reason="test",
+              transit_ms=0):
+        """Push a lease stamped `transit_ms` before now (a lease that spent that long on the way)."""
         with self._lock:
             self.seq += 1
             msg = lease_pb2.Lease(lease_id=lease_id or f"L{self.seq}", site_id="site-0", sm_count=sm_count,
                                   period_ms=period_ms, valid_for_ms=valid_for_ms, epoch=self.epoch,
-                                  seq=self.seq, duty=duty, reason=reason)
+                                  seq=self.seq, duty=duty, reason=reason, sent_unix_ms=self.wall_ms() - transit_ms)
         self.push(lease_pb2.BrokerMessage(lease=msg))
         return msg
 
@@ -81,6 +90,10 @@ class ScriptedBroker(lease_pb2_grpc.LeaseBrokerServicer):
     def usage(self) -> list[lease_pb2.UsageReport]:
         with self._lock:
             return [m.usage for m in self.received if m.WhichOneof("body") == "usage"]
+
+    def released(self) -> list[lease_pb2.LeaseReleased]:
+        with self._lock:
+            return [m.released for m in self.received if m.WhichOneof("body") == "released"]
 
     def wait_for(self, predicate, timeout: float = 10.0) -> bool:
         return wait_for(predicate, timeout)
@@ -106,13 +119,17 @@ class ScriptedBroker(lease_pb2_grpc.LeaseBrokerServicer):
                 for m in request_iterator:
                     with self._lock:
                         self.received.append(m)
+                    if self.echo_heartbeats and m.WhichOneof("body") == "heartbeat":
+                        out.put(lease_pb2.BrokerMessage(heartbeat=lease_pb2.Heartbeat(
+                            seq=m.heartbeat.seq, sent_unix_ms=self.wall_ms())))
             except grpc.RpcError:
                 pass
             out.put(None)
 
         threading.Thread(target=read, daemon=True).start()
         yield lease_pb2.BrokerMessage(welcome=lease_pb2.Welcome(
-            site_id=first.register.site_id, epoch=self.epoch, heartbeat_ms=self.heartbeat_ms))
+            site_id=first.register.site_id, epoch=self.epoch, heartbeat_ms=self.heartbeat_ms,
+            sent_unix_ms=self.wall_ms()))
         next_renew = time.monotonic()
         try:
             while context.is_active():
