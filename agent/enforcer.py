@@ -328,12 +328,18 @@ class BudgetEnforcer:
         self.lease, self.last_end_reason = None, reason
         return True
 
-    def on_revoke(self, now: float, lease_id: str = "", reason: str = REVOKED) -> bool:
-        """Drop the current lease (any lease when `lease_id` is empty). True when one was dropped."""
+    def on_revoke(self, now: float, lease_id: str = "", reason: str = REVOKED,
+                  in_flight_until: float = -math.inf) -> bool:
+        """Drop the current lease (any lease when `lease_id` is empty). True when one was dropped.
+
+        `now` is when the revocation arrived; `in_flight_until` when the work running at that moment
+        ended (the caller handles events between launches, so it is known by then). Work past the
+        revocation is an overrun of the window it ends, like work past the window's end."""
         if self.lease is None or (lease_id and lease_id != self.lease.lease_id):
             return False
         self._advance(now)
         if self.window is not None:
+            self.window.overrun_s = max(self.window.overrun_s, in_flight_until - now)
             self._close(now, REVOKED)
         self.lease, self.last_end_reason = None, reason
         return True

@@ -26,7 +26,17 @@ import torch
 
 from agent.checkpoint import CheckpointInfo, CheckpointStore
 from agent.config import AgentConfig
-from agent.enforcer import EXPIRED, BudgetEnforcer, Idle, Launch, LeaseTerms, StepNow, WindowReport
+from agent.enforcer import (
+    EXPIRED,
+    REPLACED,
+    REVOKED,
+    BudgetEnforcer,
+    Idle,
+    Launch,
+    LeaseTerms,
+    StepNow,
+    WindowReport,
+)
 from agent.lease_client import (
     Connected,
     CrossSiteChanged,
@@ -98,6 +108,7 @@ class SiteAgent:
         self.releases: deque[Release] = deque(maxlen=1024)
         self.refused: dict[str, int] = {}      # leases refused, by reason
         self._busy_until = -math.inf           # agent clock when the last leased work ended
+        self._held: LeaseTerms | None = None   # the newest lease adopted and not yet released
         self._lock = threading.Lock()
         self._ckpt_requests: list[tuple[threading.Event, list]] = []
         self._threads = 0
@@ -203,7 +214,11 @@ class SiteAgent:
                     next_mode_eval = self.clock() + MODE_EVERY_S
                     self._evaluate_mode()
         finally:
-            self.client.stop()
+            with self._lock:
+                if self._held is not None:
+                    self._settle()
+                    self._release(self._held.lease_id, "shutdown", self.clock(), held_sm_count=0)
+            self.client.stop()                     # lets the release out first
             self._checkpoint()                     # on shutdown, as of the last optimizer step
             self._serve_checkpoint_requests()
 
@@ -220,6 +235,7 @@ class SiteAgent:
             t0, cpu0 = self.clock(), time.process_time()
             with self.partitions.scope(self.enforcer.lease.sm_count):
                 self._optimizer_step()
+                self._settle()   # the step's kernels are queued, not done: time it (and end it) done
             t1 = self._busy_until = self.clock()
             self.work_log.append((t0, t1, "step"))
             with self._lock:
@@ -326,12 +342,17 @@ class SiteAgent:
                 if isinstance(ev, LeaseGranted):
                     self._on_lease(ev.terms)
                 elif isinstance(ev, LeaseRevoked):
-                    if self.enforcer.on_revoke(ev.at, ev.lease_id, ev.reason):
+                    self._settle()
+                    if self.enforcer.on_revoke(ev.at, ev.lease_id, ev.reason, self._busy_until):
                         self.yield_latencies_ms.append((self.clock() - ev.at) * 1e3)
                         log.info("lease %s revoked: %s", ev.lease_id or "(all)", ev.reason)
+                        if self._held is not None:
+                            self._release(self._held.lease_id, REVOKED, ev.at, held_sm_count=0)
                 elif isinstance(ev, Disconnected):
-                    # Connection loss: launch nothing more under any lease we held.
-                    self.enforcer.on_revoke(ev.at, "", "disconnected")
+                    # Connection loss: launch nothing more under any lease we held. No release can be
+                    # sent on a closed stream: the broker counts those leases until their hard end.
+                    self.enforcer.on_revoke(ev.at, "", "disconnected", self._busy_until)
+                    self._held = None
                 elif isinstance(ev, Connected):
                     self.cross_site = ev.cross_site
                 elif isinstance(ev, CrossSiteChanged):
@@ -347,6 +368,12 @@ class SiteAgent:
             self._records[t.lease_id] = rec = LeaseRecord(t.lease_id, t.sm_count, int(time.time() * 1e3))
             self.history.append(rec)
             self.modes.observe_lease(t.received_at, t.duty * t.sm_count / max(1, self.device.sm_count))
+            if self._held is not None and self._held.lease_id != t.lease_id:
+                # Events are handled between launches: whatever ran under the old lease has returned,
+                # and the next launch enters the new lease's partition.
+                self._settle()
+                self._release(self._held.lease_id, REPLACED, t.received_at, self._held_units(t))
+            self._held = t
 
     def _refuse(self, terms: LeaseTerms, reason: str) -> None:
         """Run nothing under `terms`; being the newest lease it also ends the ones before it, so the
@@ -357,12 +384,28 @@ class SiteAgent:
         rec = LeaseRecord(terms.lease_id, terms.sm_count, int(time.time() * 1e3), end="refused")
         self.history.append(rec)
         log.warning("lease %s (%d units) refused: %s", terms.lease_id, terms.sm_count, reason)
+        self._settle()
         self._release(terms.lease_id, reason, terms.received_at, held_sm_count=0)
+
+    def _held_units(self, t: LeaseTerms) -> int:
+        """Units of the partition leased work runs in under `t`: 0 when it runs none there (an empty
+        lease, or training on the fallback cores)."""
+        if t.sm_count == 0 or self.modes.device != GPU:
+            return 0
+        return self.partition_units(t.sm_count)
+
+    def _settle(self) -> None:
+        """Wait for the device's queued work, so a release's 'in-flight work has finished' holds and
+        `_busy_until` is when it really did. On CPU every launch has returned by now."""
+        if self.trainer.device.type == "cuda":
+            torch.cuda.synchronize(self.trainer.device)
+            self._busy_until = max(self._busy_until, self.clock())
 
     def _release(self, lease_id: str, reason: str, since: float, held_sm_count: int) -> None:
         """Tell the broker nothing more runs under `lease_id` (nor any earlier lease). Called between
-        launches, so the work launched under it has returned; `overrun_ms` is how long that work ran
-        past `since` (the instant it should have stopped at: the event's receipt, or the expiry)."""
+        launches (after `_settle`), so the work launched under it has finished; `overrun_ms` is how long
+        that work ran past `since` (when it should have stopped: the event's receipt, or the expiry)."""
+        self._held = None
         overrun_ms = max(0.0, self._busy_until - since) * 1e3
         self.releases.append(Release(lease_id, reason, self.clock(), overrun_ms, held_sm_count))
         self.client.send_release(lease_id, reason, overrun_ms, held_sm_count)
@@ -386,6 +429,10 @@ class SiteAgent:
 
     def _publish(self, reports: list[WindowReport]) -> None:
         for r in reports:
+            if r.end == EXPIRED and self._held is not None and r.lease_id == self._held.lease_id:
+                with self._lock:
+                    self._settle()
+                    self._release(r.lease_id, EXPIRED, self._held.expires_at, held_sm_count=0)
             self.window_reports.append(r)
             units = self.partition_units(r.sm_count)
             used_ms = used_units_ms(self.device, r.busy_s, r.cpu_s, units)

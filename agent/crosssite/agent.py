@@ -138,8 +138,8 @@ class CrossSiteAgent(SiteAgent):
         if self._join is None:
             if self.clock() >= self._retry_at:
                 on_plan, _ = lease_stream_callbacks(self.client)
-                self._join = _Join(lambda: CrossSiteTier(self.trainer.model, wanted, on_transfer_plan=on_plan,
-                                                         on_round=self._on_round))
+                self._join = _Join(lambda: CrossSiteTier(self.trainer.model, wanted, sleep=self._sleep,
+                                                         on_transfer_plan=on_plan, on_round=self._on_round))
             return None
         if not self._join.done.is_set():
             return None           # still connecting: keep training alone under the leases
@@ -211,6 +211,9 @@ class CrossSiteAgent(SiteAgent):
                 with self._lock:
                     closed = self.enforcer.close_windows(self.clock())
                 self._publish(closed)
+            # What arrived during the last launch (a revoke, a replacement) is acknowledged now, not
+            # after the round's collectives, which may block for seconds.
+            self._handle(self.client.poll(0.0))
         except Exception as exc:
             raise _WorkFailed() from exc
         finally:
@@ -224,6 +227,16 @@ class CrossSiteAgent(SiteAgent):
             t.discard_pending()
         tokens = t.tokens_seen - tokens0 - pending if steps else 0
         return LocalWork(tokens, steps, t.last_loss if steps else math.nan)
+
+    def _sleep(self, seconds: float) -> None:
+        """The tier's wait for the next round boundary: nothing is launched, but lease events are
+        handled (and released) and closed windows reported meanwhile, as in the idle lease loop."""
+        end = self.clock() + seconds
+        while (left := end - self.clock()) > 0:
+            self._handle(self.client.poll(min(left, IDLE_TICK_S)))
+            with self._lock:
+                closed = self.enforcer.close_windows(self.clock())
+            self._publish(closed)
 
     def _on_round(self, rec: RoundRecord) -> None:
         self.rounds.append(rec)

@@ -60,3 +60,33 @@ def test_the_round_s_deadline_is_the_enforcer_s_for_the_work_phase_only(tmp_path
     assert all(now + d.predicted_s <= end + 1e-9 for now, _, d in seen if isinstance(d, Launch | StepNow))
     assert all(d.until == end for _, _, d in seen if isinstance(d, Idle) and d.reason == "round-deadline")
     assert work.steps >= 1 and work.tokens > 0
+
+
+def _scripted_events(agent, *batches):
+    """The lease client's poll() hands out these event batches, one per call, then nothing."""
+    pending = list(batches)
+    agent.client.poll = lambda timeout=0.0: pending.pop(0) if pending else []
+    sent = []
+    agent.client.send_release = lambda *a: sent.append(a) or True
+    return sent
+
+
+def test_a_revocation_in_the_work_phase_is_released_before_the_round_s_collectives(tmp_path):
+    from agent.lease_client import LeaseGranted, LeaseRevoked
+    agent = _agent(tmp_path)
+    now = agent.clock()
+    sent = _scripted_events(agent, [LeaseGranted(LeaseTerms("L2", 1, 0.1, 60.0, 1.0, now, 0, 1))],
+                            [], [LeaseRevoked(now, "", "stale-kpm")])
+    agent._local_work(time.time() + 0.2)
+    assert [(lid, reason) for lid, reason, *_ in sent] == [("L2", "revoked")]
+    assert agent.enforcer.lease is None
+
+
+def test_lease_events_are_handled_and_released_while_the_tier_waits_for_the_boundary(tmp_path):
+    from agent.lease_client import LeaseGranted
+    agent = _agent(tmp_path)
+    now = agent.clock()
+    sent = _scripted_events(agent, [LeaseGranted(LeaseTerms("A", 1, 0.1, 60.0, 1.0, now, 0, 1))],
+                            [LeaseGranted(LeaseTerms("B", 1, 0.1, 0.05, 1.0, now, 0, 2))])
+    agent._sleep(0.15)       # what the tier calls before the next round's boundary
+    assert [(lid, reason) for lid, reason, *_ in sent] == [("A", "replaced"), ("B", "expired")]
