@@ -167,7 +167,8 @@ def adherence(torch, trainer, cuda: bool, sms: int, use_green: bool, windows: in
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     clock = time.monotonic
     reports, i, next_lease = [], 0, clock()
-    with pool.scope(lease_sms):
+    # The duty-cycle arm is the baseline the agent no longer runs (the whole GPU for a smaller lease).
+    with pool.scope(lease_sms) if use_green else _null():
         for _ in range(3):
             trainer.micro_batch(4)
         trainer.discard_pending()

@@ -47,6 +47,13 @@ def render(agent, nvml: NvmlSampler | None = None) -> str:
         metric(f"overrun_ms_p{int(q * 100)}", "gauge", f"Overrun p{int(q * 100)} over recent windows.",
                _q(over, q), site)
     metric("overrun_ms_max", "gauge", "Largest overrun over recent windows.", max(over) if over else math.nan, site)
+    # One family, a series per reason (both always present, so a rate() has a zero to start from).
+    lines.append("# HELP weaver_agent_leases_refused_total Leases refused and not run: 'expired' (hard end "
+                 "passed in transit), 'refused' (no partition within the lease).")
+    lines.append("# TYPE weaver_agent_leases_refused_total counter")
+    for reason in sorted({"expired", "refused"} | set(agent.refused)):
+        lines.append(f'weaver_agent_leases_refused_total{{site="{st.site_id}",reason="{reason}"}} '
+                     f"{float(agent.refused.get(reason, 0))!r}")
     metric("yield_latency_ms_max", "gauge", "Longest time from a revocation to idle.",
            max(agent.yield_latencies_ms) if agent.yield_latencies_ms else math.nan, site)
     sample = nvml.sample() if nvml is not None else None

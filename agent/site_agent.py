@@ -14,6 +14,7 @@ host-side bookkeeping and checkpoint writes happens outside a lease.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import math
@@ -53,6 +54,7 @@ from schemas.proto.weaver.v1 import lease_pb2
 
 log = logging.getLogger("weaver.agent")
 
+REFUSED = "refused"       # a lease the agent cannot run inside its SMs (LeaseReleased.reason)
 IDLE_TICK_S = 0.05        # longest idle wait: bounds how stale the status and the mode loop get
 MODE_EVERY_S = 1.0
 
@@ -91,7 +93,7 @@ class SiteAgent:
         self.device = device or detect_device(config.device, config.cores)
         self.trainer = trainer or Trainer(config.train, device="cuda" if self.device.kind == "cuda" else "cpu")
         self.enforcer = BudgetEnforcer(config.enforcer)
-        # On CUDA, leased work runs in a green context sized to the lease where supported.
+        # On CUDA, leased work runs only in a green context of at most the lease (see partition.py).
         self.partitions = GreenContextPool(self.device.sm_count, self.device.granularity,
                                            enabled=self.device.kind == "cuda" and self.device.green_contexts)
         self.store = CheckpointStore(config.checkpoint_dir, config.train.keep_last)
@@ -228,12 +230,12 @@ class SiteAgent:
             d = self.enforcer.decide(self.clock(), self.trainer.pending_samples, c.step_samples)
         if isinstance(d, Launch):
             self._use_threads(self.enforcer.lease.sm_count)
-            with self.partitions.scope(self.enforcer.lease.sm_count):
+            with self._partition(self.enforcer.lease.sm_count):
                 self._launch(d)
             self._busy_until = self.clock()
         elif isinstance(d, StepNow):
             t0, cpu0 = self.clock(), time.process_time()
-            with self.partitions.scope(self.enforcer.lease.sm_count):
+            with self._partition(self.enforcer.lease.sm_count):
                 self._optimizer_step()
                 self._settle()   # the step's kernels are queued, not done: time it (and end it) done
             t1 = self._busy_until = self.clock()
@@ -363,6 +365,11 @@ class SiteAgent:
             # Its hard end passed in transit (or queueing): it grants nothing.
             self._refuse(terms, EXPIRED)
             return
+        if self.device.kind == "cuda" and terms.sm_count > 0 and self.partitions.acquire(terms.sm_count) == 0:
+            # No green context of at most the lease's SMs (unsupported, or creation failed for every
+            # size that fits): running on the whole GPU instead would take SMs the RAN was promised.
+            self._refuse(terms, REFUSED)
+            return
         t = self._effective_terms(terms)
         if self.enforcer.on_lease(t):
             self._records[t.lease_id] = rec = LeaseRecord(t.lease_id, t.sm_count, int(time.time() * 1e3))
@@ -411,19 +418,27 @@ class SiteAgent:
         self.client.send_release(lease_id, reason, overrun_ms, held_sm_count)
 
     def partition_units(self, sm_count: int) -> int:
-        """Units the leased work runs on: leased cores as threads (CPU), the green-context partition
-        (CUDA with green contexts), or the whole GPU (CUDA duty cycle)."""
+        """Units the leased work runs on: leased cores as threads (CPU), or on CUDA the green-context
+        partition (the whole GPU only for a lease covering it; 0 = none, such a lease is refused)."""
         if self.device.kind == "cpu":
             return max(1, min(sm_count, self.device.sm_count))
-        size = self.partitions.size_for(sm_count) if self.partitions.enabled else 0
-        return size if size > 0 else self.device.sm_count
+        if sm_count >= self.device.sm_count:
+            return self.device.sm_count
+        return self.partitions.size_for(sm_count) if self.partitions.enabled else 0
+
+    def _partition(self, sm_count: int):
+        """Where leased work of `sm_count` runs: the lease's green context on CUDA (never the whole
+        GPU for a smaller lease: PartitionUnavailable instead), the leased cores' threads on CPU."""
+        if self.device.kind == "cuda":
+            return self.partitions.scope(sm_count)
+        return contextlib.nullcontext(self.partition_units(sm_count))
 
     def _effective_terms(self, t):
         """The broker's duty is the lease's share of the whole device (sm_count / device units). Work
         confined to a partition of P units may be busy for duty x device / P of each period, so the
         granted unit-time is the same whichever way the share is enforced (space or time)."""
         units = self.partition_units(t.sm_count)
-        if t.sm_count == 0 or units >= self.device.sm_count:
+        if t.sm_count == 0 or units == 0 or units >= self.device.sm_count:
             return t
         return replace(t, duty=min(1.0, t.duty * self.device.sm_count / units))
 
