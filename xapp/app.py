@@ -13,7 +13,10 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import os
+import secrets
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -54,7 +57,16 @@ from xapp.loop import (
 )
 from xapp.rmr import NativeUnavailable, RmrError, RmrMessage, open_backend
 from xapp.rnib import E2Node, read_rnib, static_nodes
-from xapp.state import LeaseRecord, SiteRecord, SubscriptionRecord, XappStore, open_store
+from xapp.state import (
+    LEADER_SKEW_S,
+    LEADER_TTL_S,
+    LeaseRecord,
+    SiteRecord,
+    SubscriptionRecord,
+    XappStore,
+    open_store,
+    previous_leases_end,
+)
 from xapp.submgr import ActionSpec, SubmgrClient, SubmgrError, SubscriptionSpec
 
 log = logging.getLogger("weaver.xapp")
@@ -128,6 +140,22 @@ def _same_subscription(d: object, rec: SubscriptionRecord) -> bool:
     return d.get("SubscriptionId") == rec.e2_event_instance_id and d.get("Meid") == rec.meid
 
 
+class Readiness(dict):
+    """Readiness parts by name. `values()` -- what `all(...)` gates on in REST's /health/ready and the
+    appmgr registration -- leaves out the parts that are reported but must not gate: "leader". A follower
+    replica is ready; were it not, a rolling update (new replica must be ready before the old one, which
+    holds the leader lease, is stopped) would deadlock."""
+
+    REPORTED_ONLY = frozenset({"leader"})
+
+    def values(self):
+        return [v for k, v in self.items() if k not in self.REPORTED_ONLY]
+
+    @property
+    def ready(self) -> bool:
+        return all(self.values())
+
+
 class XappApp:
     """The running xApp. REST handlers read it; only the loop task changes loop state."""
 
@@ -167,12 +195,151 @@ class XappApp:
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self.epoch = 0
+        # SDL leader lease: only its holder sends RC controls and grants (a second replica follows)
+        self.leader_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        self.leader_until = -math.inf          # loop clock: we act as leader until then
+        self.lift_ack_wait_s = 0.5             # stop(): how long the shaping lift waits for its ACKs
 
     # ------------------------------------------------------------------ readiness
-    def readiness(self) -> dict[str, bool]:
+    def readiness(self) -> Readiness:
+        """Parts of readiness; "leader" is reported but does not gate it (see `Readiness`)."""
         subs_ok = all(m in self.subscriptions for s in self.cfg.sites for m in s.nodes)
-        return {"rmr": self.rmr is not None, "sdl": self.store is not None and self.store.healthy(),
-                "subscriptions": subs_ok, "broker": self.broker is not None and self.broker.server is not None}
+        return Readiness(rmr=self.rmr is not None, sdl=self.store is not None and self.store.healthy(),
+                         subscriptions=subs_ok, broker=self.broker is not None and self.broker.server is not None,
+                         leader=bool(getattr(self.state, "control_leader", True)))
+
+    # ------------------------------------------------------------------ leadership, lease wait, control ids
+    def _wait_out_leases(self, leases: list[LeaseRecord], whose: str, at_least_s: float = 0.0) -> float:
+        """Grant nothing until every ledger lease of another epoch has passed its hard end (its agent may
+        act on it until then; RAN first). Returns the wait in seconds from now."""
+        end = previous_leases_end(leases, self.epoch)
+        wait = max(at_least_s, 0.0 if end is None else end - self.wall())
+        if wait > 0:
+            nb = self.now() + wait
+            self.state.grant_not_before = max(getattr(self.state, "grant_not_before", -math.inf), nb)
+            log.info("no grant for %.2f s: %s leases may be acted on until then", wait, whose)
+        return max(0.0, wait)
+
+    def _take_leadership(self, now: float, *, at_start: bool = False,
+                         leases: list[LeaseRecord] | None = None) -> bool:
+        """Acquire (follower) or renew (leader) the SDL leader lease; True if we hold it now. A refused
+        renewal, or none accepted within the lease's lifetime, ends our leadership at once."""
+        was = bool(getattr(self.state, "control_leader", True)) and not at_start
+        try:
+            ok = (self.store.renew_leader if was else self.store.acquire_leader)(self.leader_id, LEADER_TTL_S,
+                                                                                self.wall())
+        except Exception as exc:  # noqa: BLE001 - SDL down: unknown; the local expiry decides
+            log.warning("leader lease %s failed: %s", "renewal" if was else "acquisition", exc)
+            ok = None
+        if ok:
+            self.leader_until = now + LEADER_TTL_S - LEADER_SKEW_S
+            if not was:
+                self._became_leader(at_start, leases or [])
+        elif at_start:
+            self.state.control_leader = False
+            holder = None
+            with contextlib.suppress(Exception):
+                holder = self.store.leader()
+            log.warning("follower: the leader lease is held by %s; no RC control, no grant until it is ours",
+                        holder[0] if holder else "?")
+        elif was and (ok is False or self.now() >= self.leader_until):
+            self._lost_leadership("renewal refused" if ok is False else "not renewed within its lifetime")
+        return bool(getattr(self.state, "control_leader", True))
+
+    def _became_leader(self, at_start: bool, leases: list[LeaseRecord]) -> None:
+        self.state.control_leader = True
+        if at_start:
+            log.info("leader lease taken (%s)", self.leader_id)
+        else:
+            # Taking over from another replica: wait out its leases (the ledger, and at least one lease
+            # lifetime for a grant it made just before it stepped down) and go on with its control ids.
+            cursor = None
+            try:
+                leases, cursor = self.store.leases(), self.store.control_cursor()
+            except Exception as exc:  # noqa: BLE001 - then the lifetime bound alone
+                log.warning("ledger not read at takeover: %s", exc)
+            if cursor is not None:
+                self.state.next_control_id = (cursor % 0xFFFF) + 1
+            self._wait_out_leases(leases, "the previous leader's", self.cfg.lease_valid_periods * self.cfg.period_s)
+            log.warning("leader lease taken over (%s): controlling the nodes from now on", self.leader_id)
+            self._wake.set()
+        try:                                            # the ledger is ours now: nobody renews those
+            for lease in leases:
+                if not lease.ended and lease.epoch != self.epoch:
+                    self.store.put_lease(replace(lease, ended="epoch-ended"))
+        except Exception as exc:  # noqa: BLE001 - SDL hiccup: the entries expire on their own
+            log.warning("ledger not updated at takeover: %s", exc)
+
+    def _lost_leadership(self, why: str) -> None:
+        """Another replica may control the nodes from now on: stop controlling, revoke every lease."""
+        self.state.control_leader = False
+        self.leader_until = -math.inf
+        log.error("leader lease lost (%s): no RC control, no grant; revoking every lease", why)
+        for site_id, rt in self.state.sites.items():
+            rt.grant_sms = 0
+            if self.broker is not None and self.broker.revoke(site_id, "lost-leadership"):
+                self.counters.revocations["lost-leadership"] = self.counters.revocations.get("lost-leadership", 0) + 1
+        self._wake.set()
+
+    def note_control_id(self, control_id: int) -> None:
+        """Remember the last RC control id sent (a restart goes on after it); SDL errors are logged."""
+        try:
+            self.store.put_control_cursor(control_id)
+        except Exception as exc:  # noqa: BLE001 - SDL down: the control is sent anyway
+            log.warning("control id cursor not saved: %s", exc)
+
+    async def _lift_shaping(self) -> int:
+        """Shutdown: every envelope-mode node back to the whole GPU, caps cleared (a node left shaped
+        throttles the RAN for nobody). Waits out the leases the agents may still act on first (the
+        rule: a looser envelope waits for the SMs it gives back), then up to `lift_ack_wait_s` for the
+        ACKs. Returns how many were acknowledged."""
+        if self.rmr is None or not getattr(self.state, "control_leader", True):
+            return 0                                # a follower's nodes are the leader's to control
+        try:
+            from xapp.loop import lift_shaping
+        except ImportError:
+            log.warning("shaping not lifted at shutdown: this loop has no lift_shaping")
+            return 0
+        # The loop task is gone: what it would have learnt, we set. broker.stop revoked every lease, and
+        # a control still in flight is overtaken by the lift behind it on the same RMR connection.
+        for rt in self.state.sites.values():
+            rt.grant_sms = 0
+        self.state.busy_nodes.clear()
+        held = [h.hard_end for rt in self.state.sites.values() if hasattr(rt, "safety")
+                for h in rt.safety.held(self.now())]
+        if held:
+            await asyncio.sleep(max(0.0, min(max(held) - self.now(),
+                                             self.cfg.lease_valid_periods * self.cfg.period_s)) + 1e-3)
+        try:
+            controls = lift_shaping(self.state, self.now())
+        except Exception:  # noqa: BLE001 - the shutdown goes on: leases are revoked already
+            log.exception("shaping not lifted at shutdown")
+            return 0
+        waiting = set()
+        for c in controls:
+            try:
+                await self.rmr.send(RmrMessage(mtype=MT_CONTROL_REQ, payload=c.payload, meid=c.meid, sub_id=-1))
+            except RmrError as exc:
+                log.warning("shaping lift to %s not sent: %s", c.meid, exc)
+                continue
+            self.counters.controls_sent += 1
+            waiting.add(c.control_id)
+            self.note_control_id(c.control_id)
+        acked, deadline = 0, self.now() + self.lift_ack_wait_s
+        while waiting and self.now() < deadline:       # the rx task is gone: read the replies here
+            try:
+                msg = await self.rmr.receive(timeout=max(0.0, deadline - self.now()))
+            except (TimeoutError, RmrError):
+                break
+            if msg.mtype not in (MT_CONTROL_ACK, MT_CONTROL_FAILURE):
+                continue
+            with contextlib.suppress(E2DecodeError, ValueError):
+                r = parse_control_reply(msg.payload)
+                if r.control_id in waiting:
+                    waiting.discard(r.control_id)
+                    acked += int(r.ok)
+        log.info("shaping lifted at shutdown: %d controls, %d acknowledged", len(controls), acked)
+        return acked
 
     # ------------------------------------------------------------------ start
     async def start(self, *, rest_port: int | None = None, broker_listen: str | None = None,
@@ -192,9 +359,10 @@ class XappApp:
                 rt.acked_envelope = rec.envelope_sms
                 rt.acked_caps = tuple(SliceQuota(sst=sst, sd=None if sd < 0 else sd, max_ratio=ratio)
                                       for _meid, sst, sd, ratio in rec.caps)
-        for lease in snap.leases:                       # a previous epoch's lease is never renewed
-            if not lease.ended and lease.epoch < self.epoch:
-                self.store.put_lease(replace(lease, ended="epoch-ended"))
+        if snap.control_cursor is not None:             # RC control ids go on where the last run stopped
+            self.state.next_control_id = (snap.control_cursor % 0xFFFF) + 1
+        self._wait_out_leases(snap.leases, "a previous instance's")
+        self._take_leadership(self.now(), at_start=True, leases=snap.leases)
         port = cfg.rmr.port if rmr_port is None else rmr_port
         try:
             self.rmr = await open_backend(cfg.rmr.backend, port, cfg.rmr.route_table)
@@ -524,9 +692,11 @@ class XappApp:
 
     # ------------------------------------------------------------------ config
     async def _watch(self) -> None:
-        """Once a second: config file (content hash) and node connection state in the R-NIB."""
+        """Once a second: the leader lease (renew, or try to take it), config file (content hash) and node
+        connection state in the R-NIB."""
         while not self._stopping:
             await asyncio.sleep(1.0)
+            self._take_leadership(self.now())
             if self.watcher is not None:
                 change = self.watcher.poll()
                 if change is not None:
@@ -590,13 +760,20 @@ class XappApp:
 
     # ------------------------------------------------------------------ stop
     async def stop(self) -> None:
-        """RAN first: revoke every lease, then unsubscribe (unless kept), then close."""
+        """RAN first: revoke every lease, lift the shaping, release the leader lease, then unsubscribe
+        (unless kept), then close."""
         self._stopping = True
         for t in self._tasks:           # the loop first: no grant may slip out after the revocations
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.broker is not None:
             await self.broker.stop(0.5)
+        await self._lift_shaping()      # after the revocations (RAN first), while RMR is still up
+        if self.store is not None and getattr(self.state, "control_leader", False):
+            try:
+                self.store.release_leader(self.leader_id)
+            except Exception as exc:  # noqa: BLE001 - it expires on its own within its TTL
+                log.warning("leader lease not released: %s", exc)
         if self.submgr is not None and not self.keep_subscriptions:
             for rec in list(self.subscriptions.values()):
                 await self._delete_subscription(rec)

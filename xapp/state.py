@@ -10,7 +10,13 @@ Layout in one SDL namespace (default `weaver`), msgpack values:
   lease/<lease_id>              LeaseRecord          (the ledger; pruned once long expired)
   epoch                         int                  (broker epoch, +1 per start, compare-and-set)
   cost/<site_id>                dict                 (learned PHY cost model)
+  control_cursor                int                  (last RC control id used: a restart does not reuse ids)
+  leader                        {owner, until}       (the control leader lease, compare-and-set)
 Times stored here are wall-clock unix seconds: monotonic time means nothing to the next process.
+
+Compare-and-set: ricsdl's `set_if` is OSC DBaaS's SETIE module command; a vanilla Redis has no such
+command, so there the same compare-and-set runs as a Lua script on ricsdl's own connection (atomic on the
+Redis server either way). The embedded store is one process: its dict `set_if` is atomic as it is.
 """
 from __future__ import annotations
 
@@ -19,12 +25,27 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import msgpack
 from ricsdl.exceptions import RejectedByBackend
 from ricxappframe.xapp_sdl import SDLWrapper
 
 log = logging.getLogger("weaver.xapp.state")
 
 DBAAS_VARS = ("DBAAS_SERVICE_HOST", "DBAAS_CLUSTER_ADDR_LIST")
+LEADER_KEY = "leader"
+LEADER_TTL_S = 3.0       # the leader lease's lifetime in SDL; the holder renews it once a second
+LEADER_SKEW_S = 0.5      # the holder acts as leader until TTL - this after its renewal was sent: host clocks
+                         # (the record's expiry is wall time) may disagree by up to this much
+CURSOR_KEY = "control_cursor"
+
+# KEYS[1] = key, ARGV[1] = the exact old bytes, ARGV[2] = the new bytes (SETIE's semantics)
+_CAS_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
 
 
 class StateError(RuntimeError):
@@ -74,6 +95,16 @@ class Snapshot:
     leases: list[LeaseRecord] = field(default_factory=list)
     cost_models: dict[str, dict[str, Any]] = field(default_factory=dict)
     epoch: int = 0
+    control_cursor: int | None = None     # last RC control id a previous run used; None = never saved
+
+
+def previous_leases_end(leases: list[LeaseRecord], epoch: int) -> float | None:
+    """The latest hard end (wall) among ledger leases of epochs other than `epoch`: until then an agent
+    of a previous (or other) instance may still act on its lease. Every ledger state counts, "revoked"
+    included: the ledger records that a revoke was sent, not that the agent acknowledged the release
+    (architecture.md, the RAN-first invariant). None when there are none."""
+    ends = [r.valid_until_unix for r in leases if r.epoch != epoch]
+    return max(ends) if ends else None
 
 
 def _from(cls, d: Any):
@@ -97,6 +128,7 @@ class XappStore:
         self.ns = namespace
         self.backend = backend
         self._warned_cas = False
+        self._cas_script = None
 
     # subscriptions
     def put_subscription(self, rec: SubscriptionRecord) -> None:
@@ -146,32 +178,103 @@ class XappStore:
         return int(v) if v is not None else 0
 
     def next_epoch(self) -> int:
-        """Advance the broker epoch: compare-and-set where the backend has OSC DBaaS's Redis modules
-        (SETIE), plain get+set otherwise (a vanilla Redis; one xApp replica, so no race in practice)."""
+        """Advance the broker epoch by compare-and-set (two replicas starting together get two epochs)."""
         for _ in range(100):
-            cur = self.sdl.get(self.ns, "epoch")
-            nxt = 1 if cur is None else int(cur) + 1
-            try:
-                ok = (self.sdl.set_if_not_exists(self.ns, "epoch", nxt) if cur is None
-                      else self.sdl.set_if(self.ns, "epoch", cur, nxt))
-            except RejectedByBackend:
-                if not self._warned_cas:
-                    log.info("SDL backend has no DBaaS modules (SETIE): epoch advanced without compare-and-set")
-                    self._warned_cas = True
-                self.sdl.set(self.ns, "epoch", nxt)
-                ok = True
-            if ok:
+            cur = self.sdl.get(self.ns, "epoch", usemsgpack=False)
+            nxt = 1 if cur is None else int(msgpack.unpackb(cur)) + 1
+            if self._cas("epoch", cur, msgpack.packb(nxt, use_bin_type=True)):
                 return nxt
         raise StateError("could not advance the broker epoch: SDL compare-and-set kept failing")
 
+    # compare-and-set on the exact stored bytes
+    def _cas(self, key: str, old: bytes | None, new: bytes) -> bool:
+        """Write `new` only if the key still holds exactly `old` (None: only if it does not exist)."""
+        if old is None:
+            return bool(self.sdl.set_if_not_exists(self.ns, key, new, usemsgpack=False))
+        try:
+            return bool(self.sdl.set_if(self.ns, key, old, new, usemsgpack=False))
+        except RejectedByBackend:
+            pass                                    # vanilla Redis: no SETIE module
+        if not self._warned_cas:
+            log.info("SDL backend has no DBaaS modules (SETIE): compare-and-set runs as a Lua script")
+            self._warned_cas = True
+        try:
+            if self._cas_script is None:
+                self._cas_script = self._redis_client().register_script(_CAS_LUA)
+            return bool(self._cas_script(keys=["{" + self.ns + "}," + key], args=[old, new]))   # ricsdl's key
+        except Exception as exc:  # noqa: BLE001 - redis-py raises several unrelated types
+            raise StateError(f"SDL compare-and-set on {key!r} failed: {exc}") from exc
+
+    def _redis_client(self):
+        """ricsdl's redis-py client for our namespace (ricsdl 3.x private names: SDLWrapper exposes no raw
+        command, and a second connection would have to re-read DBAAS_* the way ricsdl does)."""
+        backend = getattr(self.sdl._sdl, "_SyncStorage__dbbackend", None)
+        get_client = getattr(backend, "_RedisBackend__getClient", None)
+        if get_client is None:
+            raise StateError(f"SDL backend {type(backend).__name__} offers no compare-and-set")
+        return get_client(self.ns)
+
+    # RC control ids
+    def put_control_cursor(self, control_id: int) -> None:
+        self.sdl.set(self.ns, CURSOR_KEY, int(control_id))
+
+    def control_cursor(self) -> int | None:
+        v = self.sdl.get(self.ns, CURSOR_KEY)
+        return int(v) if v is not None else None
+
+    # control leader lease: value {"owner": id, "until": wall expiry}
+    def leader(self) -> tuple[str, float] | None:
+        """(owner, until) of the current leader record, expired or not; None if there is none."""
+        raw = self.sdl.get(self.ns, LEADER_KEY, usemsgpack=False)
+        return None if raw is None else _leader_value(raw)
+
+    def acquire_leader(self, owner: str, ttl_s: float, now_unix: float) -> bool:
+        """Take the leader lease until `now_unix + ttl_s` if nobody holds it, it has expired, or we hold it
+        already; True if we hold it now. Taking over an expired lease is a compare-and-set on its exact
+        old value, so of two contenders exactly one wins."""
+        raw = self.sdl.get(self.ns, LEADER_KEY, usemsgpack=False)
+        if raw is not None:
+            cur_owner, until = _leader_value(raw)
+            if cur_owner != owner and until > now_unix:
+                return False
+        return self._cas(LEADER_KEY, raw, _leader_bytes(owner, now_unix + ttl_s))
+
+    def renew_leader(self, owner: str, ttl_s: float, now_unix: float) -> bool:
+        """Extend our leader lease to `now_unix + ttl_s`; False if the record is not ours any more (taken
+        over, released) -- then we are not the leader and must stop controlling at once."""
+        raw = self.sdl.get(self.ns, LEADER_KEY, usemsgpack=False)
+        if raw is None or _leader_value(raw)[0] != owner:
+            return False
+        return self._cas(LEADER_KEY, raw, _leader_bytes(owner, now_unix + ttl_s))
+
+    def release_leader(self, owner: str) -> bool:
+        """Give the lease up (expire it now) if it is still ours; True if it was."""
+        raw = self.sdl.get(self.ns, LEADER_KEY, usemsgpack=False)
+        if raw is None or _leader_value(raw)[0] != owner:
+            return False
+        return self._cas(LEADER_KEY, raw, _leader_bytes(owner, 0.0))
+
     def snapshot(self) -> Snapshot:
-        return Snapshot(self.subscriptions(), self.sites(), self.leases(), self.cost_models(), self.epoch())
+        return Snapshot(self.subscriptions(), self.sites(), self.leases(), self.cost_models(), self.epoch(),
+                        self.control_cursor())
 
     def healthy(self) -> bool:
         try:
             return bool(self.sdl._sdl.is_active())   # SDLWrapper has no public health call
         except Exception:  # noqa: BLE001 - any backend failure means "not healthy"
             return False
+
+
+def _leader_bytes(owner: str, until: float) -> bytes:
+    return msgpack.packb({"owner": owner, "until": float(until)}, use_bin_type=True)
+
+
+def _leader_value(raw: bytes) -> tuple[str, float]:
+    try:
+        d = msgpack.unpackb(raw, raw=False)
+        return str(d["owner"]), float(d["until"])
+    except Exception as exc:  # noqa: BLE001 - whatever is there, it is not a leader record we can read
+        raise StateError(f"SDL holds an unreadable leader record: {exc}") from None
 
 
 def open_store(namespace: str = "weaver", env: dict[str, str] | None = None) -> XappStore:
