@@ -9,6 +9,9 @@ Prints one JSON document on stdout. Sections (each records its own error instead
   sm_share        a fixed matmul workload inside green contexts of 16..N SMs: throughput share vs SM share
   adherence       the agent's enforcer under a lease trace, without (duty cycle on the whole GPU) and with
                   (green context of the leased SMs) partitions: utilisation and overrun p50/p99/max
+  idle_device     a demoted agent (cpu_preferred: its fallback loop) and an agent whose lease has no
+                  partition (refused) run no CUDA kernel or copy (profiler count == 0), as the test suite
+                  checks where CUDA is present (tests/agent/test_agent_device.py)
 `--allow-cpu` runs the same code on CPU with tiny sizes (a smoke test of the script itself).
 """
 from __future__ import annotations
@@ -213,6 +216,58 @@ def adherence(torch, trainer, cuda: bool, sms: int, use_green: bool, windows: in
             "samples": sum(r.samples for r in ws)}
 
 
+def cuda_activity(torch, fn) -> int:
+    """CUDA-side events (kernels, copies, memsets) the profiler records while `fn()` runs."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def _no_green_context(num_sms: int, device_id: int):
+    raise RuntimeError("gpu_check: green contexts made unavailable")
+
+
+def idle_device(torch, iterations: int = 5) -> dict:
+    """Device work of a demoted agent's fallback loop and of a partition-less agent's leased loop."""
+    import tempfile
+    from dataclasses import replace
+
+    from agent.config import tiny_cpu
+    from agent.enforcer import LeaseTerms
+    from agent.lease_client import LeaseGranted
+    from agent.modes import ModeSwitch
+    from agent.monitors import detect_device
+    from agent.partition import GreenContextPool
+    from agent.site_agent import SiteAgent
+    facts = detect_device("cuda")
+    base = tiny_cpu()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = replace(base, device="cuda", checkpoint_dir=tmp, modes=replace(base.modes, mode="gpu_preferred"))
+        demoted = SiteAgent(cfg, device=facts)
+        t = demoted.trainer
+        t.micro_batch(2)
+        t.optimizer_step()
+        t.micro_batch(2)               # optimizer state and pending gradients on the GPU, then demote
+        demoted._apply_switch(ModeSwitch(demoted.clock(), "gpu_preferred", "cpu_preferred", "cpu", "gpu_check"))
+        state = [v for st in t.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+        where = sorted({x.device.type for x in [*t.model.parameters(), *state]}
+                       | {p.grad.device.type for p in t.model.parameters() if p.grad is not None})
+        demoted_events = cuda_activity(torch, lambda: [demoted._fallback_iteration() for _ in range(iterations)])
+
+        bare = SiteAgent(cfg, device=facts)
+        bare.partitions = GreenContextPool(facts.sm_count, facts.granularity, enabled=True, create=_no_green_context)
+        bare.client.send_release = lambda *a: True      # never started: nothing to send to
+        lease = LeaseTerms("partitionless", max(1, facts.sm_count // 3), 0.05, 60.0, 1.0, bare.clock(), 1, 1)
+        bare._handle([LeaseGranted(lease)])
+        bare_events = cuda_activity(torch, lambda: [bare._leased_iteration() for _ in range(iterations)])
+    return {"demoted_state_on": where, "demoted_cuda_events": demoted_events,
+            "partitionless_refused": dict(bare.refused), "partitionless_cuda_events": bare_events,
+            "ok": where == ["cpu"] and demoted_events == 0 and bare_events == 0 and bare.refused == {"refused": 1}}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m agent.gpu_check", description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=float, default=100.0, help="rough total budget")
@@ -238,6 +293,8 @@ def main(argv=None) -> int:
     trainer = Trainer(gpu_model_config(cuda), device="cuda" if cuda else "cpu")
     out["model_params"] = trainer.model.num_params()
     timer = Timer(torch, cuda)
+    if cuda:
+        _section(out, "idle_device", idle_device, torch)
     _section(out, "step_fit", step_fit, torch, trainer, timer, [1, 4, 16, 32, 64] if cuda else [1, 2, 4])
     green = out["env"].get("green_contexts", False)
     if green:

@@ -46,7 +46,7 @@ from agent.lease_client import (
     LeaseGranted,
     LeaseRevoked,
 )
-from agent.modes import CPU, GPU, ModeController
+from agent.modes import CPU, GPU, ModeController, ModeSwitch
 from agent.monitors import DeviceFacts, detect_device, used_units_ms
 from agent.partition import GreenContextPool
 from agent.trainer import Trainer
@@ -91,13 +91,14 @@ class SiteAgent:
         self.config = config
         self.clock = clock
         self.device = device or detect_device(config.device, config.cores)
-        self.trainer = trainer or Trainer(config.train, device="cuda" if self.device.kind == "cuda" else "cpu")
+        self.modes = ModeController(config.modes, now=clock())
+        # Training state lives where training runs: the GPU only in the leased-device modes.
+        self.trainer = trainer or Trainer(config.train, device=self._training_device())
         self.enforcer = BudgetEnforcer(config.enforcer)
         # On CUDA, leased work runs only in a green context of at most the lease (see partition.py).
         self.partitions = GreenContextPool(self.device.sm_count, self.device.granularity,
                                            enabled=self.device.kind == "cuda" and self.device.green_contexts)
         self.store = CheckpointStore(config.checkpoint_dir, config.train.keep_last)
-        self.modes = ModeController(config.modes, now=clock())
         self.client = LeaseClient(config.lease, self.device, mode=self.modes.mode)
         self.mode_reason = "" if self.modes.mode == config.modes.mode else "leased device unusable"
         self.history: deque[LeaseRecord] = deque(maxlen=256)
@@ -484,7 +485,27 @@ class SiteAgent:
             self.modes.observe_throughput(now, self.modes.device, tps, share)
         sw = self.modes.evaluate(now)
         if sw is not None:
-            log.warning("mode %s -> %s: %s", sw.from_mode, sw.to_mode, sw.reason)
-            self.client.mode = sw.to_mode      # registered with the new mode on the next (re)connect
-            self.mode_reason = sw.reason       # and reported on every UsageReport and status from now
-            self._tokens_at.clear()
+            self._apply_switch(sw)
+
+    def _apply_switch(self, sw: ModeSwitch) -> None:
+        log.warning("mode %s -> %s: %s", sw.from_mode, sw.to_mode, sw.reason)
+        self.client.mode = sw.to_mode      # registered with the new mode on the next (re)connect
+        self.mode_reason = sw.reason       # and reported on every UsageReport and status from now
+        self._tokens_at.clear()
+        self._place_training()
+
+    def _training_device(self) -> str:
+        return "cuda" if self.device.kind == "cuda" and self.modes.device == GPU else "cpu"
+
+    def _place_training(self) -> None:
+        """Move the model, optimizer state and pending gradients to where the mode trains (Gaia): a
+        demoted agent's fallback loop then runs on CPU tensors only, launching nothing on the GPU,
+        which it holds no lease for; promotion moves them back. Called between launches."""
+        want = self._training_device()
+        if self.trainer.device.type == want:
+            return
+        with self._lock:
+            self.trainer.to(want)
+        if want == "cpu" and torch.cuda.is_available():
+            torch.cuda.empty_cache()     # and hand the memory back too
+        log.info("training state moved to %s", want)

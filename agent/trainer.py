@@ -74,6 +74,27 @@ class Trainer:
                                   {"params": no_decay, "weight_decay": 0.0}],
                                  lr=c.lr, betas=(c.beta1, c.beta2), foreach=False)
 
+    def to(self, device: str | torch.device) -> None:
+        """Move everything training touches to `device`: parameters, pending gradients and optimizer
+        state (Gaia's device switch: a demoted agent trains on the CPU with no device work at all)."""
+        device = torch.device(device)
+        if device == self.device:
+            return
+        # Each Parameter object is kept and its contents swapped for the moved ones: the optimizer, the
+        # cross-site tier and the tied embedding/head weights all hold that same object (Module.to
+        # replaces it instead wherever it cannot reuse the tensor in place, untying the weights).
+        with torch.no_grad():
+            for p in self.model.parameters():     # a tied parameter once
+                grad, p.grad = p.grad, None
+                torch.utils.swap_tensors(p, torch.nn.Parameter(p.detach().to(device), p.requires_grad))
+                if grad is not None:              # pending micro-batches survive the move
+                    p.grad = grad.to(device)
+        self.model.to(device)                     # buffers, if any (the parameters are there already)
+        # load_state_dict puts every state tensor on its parameter's device (AdamW's step counters
+        # stay on the CPU, where torch keeps them unless capturable).
+        self.optimizer.load_state_dict(self.optimizer.state_dict())
+        self.device = device
+
     @property
     def pending_samples(self) -> int:
         return self._pending_samples
