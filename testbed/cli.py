@@ -28,6 +28,7 @@ BENCHES = {
     "sim": "testbed.bench.sim",
     "xapp": "xapp.bench",
     "policies": "testbed.bench.policies",
+    "safety": "testbed.bench.safety",
 }
 AGENT_BENCHES = {
     "agent": "agent.bench",

@@ -212,7 +212,8 @@ class AgentTruth:
     periods_beyond_lease: int = 0
     last_sms: float = 0.0
     gone: bool = False
-    series: list = field(default_factory=list)   # (t_monotonic, executed_sms, reported_lease_sms)
+    prev_lease_sms: float = 0.0
+    series: list = field(default_factory=list)   # (t_monotonic, executed_sms, lease_sms_held)
 
     def __post_init__(self) -> None:
         self.sampler = ProcCpuSampler(self.pid)
@@ -227,7 +228,11 @@ class AgentTruth:
 
     def period(self, period_s: float, lease_sms: float, connected: bool, now: float | None = None) -> float:
         """Sample one world period of `period_s` wall seconds (the time since the last sample); returns
-        the executed site SMs over it (unclamped: a multi-threaded agent may exceed the site GPU)."""
+        the executed site SMs over it (unclamped: a multi-threaded agent may exceed the site GPU).
+
+        `lease_sms`: the lease the agent reports holding now, at the period's end. The lease it may have
+        held during the period is the larger of that and the one it reported at the period's start (a lease
+        that arrived, or ended, within the period), and "beyond the lease" is measured against that."""
         cpu = self.sampler.sample()
         if cpu is None:
             self.gone = True
@@ -235,15 +240,17 @@ class AgentTruth:
         sms = site_sms(cpu, period_s, self.gpu_sms, self.cores)
         self.cpu_s += cpu
         self.executed_sm_s += sms * period_s
-        beyond = max(sms - lease_sms, 0.0)
+        held = max(lease_sms, self.prev_lease_sms)
+        self.prev_lease_sms = lease_sms
+        beyond = max(sms - held, 0.0)
         if beyond > 0:
             self.periods_beyond_lease += 1
         self.beyond_lease_sm_ms_total += beyond * period_s * 1000.0
         self.beyond_lease_sm_ms_max = max(self.beyond_lease_sm_ms_max, beyond * period_s * 1000.0)
         self.beyond_lease_sms_max = max(self.beyond_lease_sms_max, beyond)
-        self.idle.observe(sms, lease_sms, connected)
+        self.idle.observe(sms, held, connected)
         self.last_sms = sms
-        self.series.append((time.monotonic() if now is None else now, sms, lease_sms))
+        self.series.append((time.monotonic() if now is None else now, sms, held))
         if len(self.series) > 20000:
             del self.series[:10000]
         return sms
@@ -259,8 +266,9 @@ class AgentTruth:
             "idle_baseline_sms_median": self.idle.median(),
             "idle_baseline_sms_p90": self.idle.p90(),
             "idle_baseline_periods": len(self.idle.samples),
-            # per period: measured SMs minus the SMs of the lease the agent reported holding, when positive;
-            # this includes the agent's idle host work (see idle_baseline_*): nothing is subtracted
+            # per period: measured SMs minus the SMs of the lease the agent reported holding (at the period's
+            # start or end, the larger), when positive; this includes the agent's idle host work (see
+            # idle_baseline_*): nothing is subtracted
             "sm_ms_beyond_lease_total": self.beyond_lease_sm_ms_total,
             "sm_ms_beyond_lease_max": self.beyond_lease_sm_ms_max,
             "sms_beyond_lease_max": self.beyond_lease_sms_max,

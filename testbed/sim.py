@@ -91,6 +91,7 @@ class Simulation:
         self.epoch_unix = cfg.epoch_unix if cfg.epoch_unix is not None else time.time()
         self.periods = 0
         self.stopped: set[int] = set()  # sites taken off the air (`stop_site`)
+        self.muted: set[int] = set()    # sites whose node sends no KPM for now (it still answers controls)
 
     @classmethod
     async def start(cls, cfg: SimConfig, sdl: SDLWrapper | None = None, scenario: Scenario | None = None) -> Simulation:
@@ -138,7 +139,7 @@ class Simulation:
         now_ms = self.now_s * 1000.0
         stamp = ntp64(self.epoch_unix + start_s)
         for i, node in enumerate(self.nodes):
-            if i in self.stopped:
+            if i in self.stopped or i in self.muted:
                 continue
             m = from_period_report(report, node.node.config.site, node.node.config.gpu_sms)
             await node.report(m, now_ms, stamp)

@@ -12,8 +12,13 @@ What runs, and over which interface (nothing is short-circuited):
   lease stream, and the agents train in time-boxed rounds combined across sites (`--no-cross-site`:
   each site trains alone). Their transfer windows and round reports show in the xApp's REST API.
 
-The world learns what each agent really holds from the agent itself (its AgentInspect service), never
-from the xApp, so deadline misses are counted against real leases. Ctrl-C (or `--duration`) stops the
+What the RAN must live with is what each agent process really executes, measured by the platform
+(`testbed.groundtruth`: the process's CPU time from /proc, per world period, at the broker's CPU-agent
+scale gpu_sms / cores): that is what the model charges against the RAN's demand and what training-caused
+misses are counted from. The lease each agent reports holding (its AgentInspect service) is kept beside
+it (`sm_seconds_held_by_agent`), and the difference is reported (`sm_ms_beyond_lease`). Each agent dials
+the lease broker through its own TCP proxy (`testbed.tcpproxy`), where the network faults act;
+`--fault` (`testbed.faults`) injects faults into the real processes and the real wire. Ctrl-C (or `--duration`) stops the
 xApp first (it revokes every lease), then the agents, all at once (each finishes its round and writes a
 checkpoint), then the Lighthouse, then the world, and leaves no process behind. `--json FILE` writes the run summary (measures named as in architecture.md).
 """
@@ -37,6 +42,8 @@ import numpy as np
 
 from testbed.cli import agent_python
 from testbed.e2node.functions import kpm_oid
+from testbed.faults import DEFAULT_AT_S, Fault, FaultInjector, Targets, agent_env, check_sites
+from testbed.groundtruth import AgentTruth
 from testbed.model import CellConfig, Scenario, SiteConfig
 from testbed.procs import ChildFailed, Supervisor
 
@@ -68,6 +75,14 @@ class UpConfig:
     # Coarse rounds: the transfer window (15 %) and the quorum are idle compute, and 3 agents + the
     # Lighthouse share a few cores here. The Lighthouse's timeouts derive from it (heartbeat R/2, join 1.5 R).
     round_ms: int = 5000
+    faults: tuple[Fault, ...] = ()
+    fault_at_s: float = DEFAULT_AT_S
+    record_series: bool = False   # keep per-period ground truth and the xApp's lease view (weaver bench safety)
+    agent_cores: int = 1
+    # > 0: for this long the E2 nodes send no KPM (the model runs, controls are answered), so the xApp,
+    # without fresh measurements, grants nothing and the agents' idle baseline (connected, no lease) is
+    # measured; then KPM flows, the xApp starts granting as at any start, and the faults' clock starts
+    idle_probe_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.sites <= len(ARCHETYPES) * 4:
@@ -78,6 +93,7 @@ class UpConfig:
             raise ValueError("--duration must be positive")
         if not 200 <= self.round_ms <= 600_000:
             raise ValueError(f"--round-ms must be 200..600000, got {self.round_ms}")
+        check_sites(self.faults, self.sites)
 
 
 def scenario_for(cfg: UpConfig) -> Scenario:
@@ -138,7 +154,8 @@ class SiteTally:
     usable_spare_sm_s: float = 0.0
     training_sm_s: float = 0.0
     misses: int = 0
-    misses_training: int = 0
+    misses_training: int = 0          # against what the agent executed (ground truth)
+    misses_training_reported: int = 0  # against the lease the agent reported holding (for comparison)
     slots: int = 0
     series: list = field(default_factory=list)
 
@@ -153,27 +170,39 @@ class World:
         self.tally = [SiteTally() for _ in range(n)]
         self.gpu = np.array([s.gpu_sms for s in sim.model.scenario.sites], dtype=float)
         self.gran = np.array([s.granularity for s in sim.model.scenario.sites], dtype=float)
+        self.truths: list[AgentTruth] = []
+        self.series: list = []  # (t_unix, site, executed SMs, reported lease SMs, lease id, hard end, dt, valid for)
+        self.lease_watch: LeaseWatch | None = None
+        self.injector: FaultInjector | None = None
+        self.probe_end_unix: float | None = None
+        self.last_misses_training = np.zeros(n, dtype=int)
 
-    def account(self, report) -> None:
+    def account(self, report, reported_lease_sms=None) -> None:
+        """One period's tally. `report.training_sms` is what the model was charged (the measured executed
+        SMs); `reported_lease_sms` (S,) the leases the agents reported holding, tallied beside it."""
         period_s = self.sim.period_s
         demand = np.asarray(report.demand, dtype=float)          # (T, S) SMs per slot
         training = np.asarray(report.training_sms, dtype=float)  # (S,)
+        reported = training if reported_lease_sms is None else np.asarray(reported_lease_sms, dtype=float)
         slot_s = period_s / demand.shape[0]
         peak = demand.max(axis=0)
         # usable spare over this lease span: SMs above the period's RAN peak plus the guard band, in
         # partition steps (green contexts: reconfiguration in microseconds, so no latency deduction here)
         usable = np.floor(np.maximum(self.gpu - peak - self.cfg.guard_sms, 0) / self.gran) * self.gran
         over = demand > (self.gpu - training)
-        attributable = over & (demand <= self.gpu)  # would not have missed without the training lease
+        attributable = over & (demand <= self.gpu)  # would not have missed without the training
+        attributable_reported = (demand > (self.gpu - reported)) & (demand <= self.gpu)
+        self.last_misses_training = attributable.sum(axis=0)
         for i, t in enumerate(self.tally):
             t.periods += 1
             t.slots += demand.shape[0]
             t.ran_sm_s += float(demand[:, i].sum() * slot_s)
             t.spare_sm_s += float(np.maximum(self.gpu[i] - demand[:, i], 0).sum() * slot_s)
             t.usable_spare_sm_s += float(usable[i] * period_s)
-            t.training_sm_s += float(training[i] * period_s)
+            t.training_sm_s += float(reported[i] * period_s)
             t.misses += int(over[:, i].sum())
             t.misses_training += int(attributable[:, i].sum())
+            t.misses_training_reported += int(attributable_reported[:, i].sum())
 
 
 @dataclass
@@ -190,6 +219,9 @@ def _status_dict(st) -> dict:
     return {"mode": st.mode, "device": st.device, "step": st.step, "tokens": st.tokens, "loss": st.loss,
             "val_loss": st.val_loss, "connected": st.connected, "tokens_per_s": st.tokens_per_s,
             "lease_sms": lease.sm_count if st.lease_remaining_ms > 0 else 0, "lease_id": lease.lease_id,
+            "lease_seq": lease.seq, "lease_epoch": lease.epoch, "lease_remaining_ms": st.lease_remaining_ms,
+            "lease_hard_end_unix_ms": (lease.sent_unix_ms + lease.valid_for_ms) if lease.sent_unix_ms else 0,
+            "lease_valid_for_ms": lease.valid_for_ms,
             "last_checkpoint": st.last_checkpoint}
 
 
@@ -275,14 +307,50 @@ def _fmt_line(elapsed: float, duration: float | None, world: World, agents: list
     losses = [a.last.get("loss") for a in agents if a.last.get("loss") and not math.isnan(a.last["loss"])]
     prog = f"{elapsed:5.0f}s" + (f"/{duration:.0f}s" if duration else "")
     leases = " ".join(f"{a.last.get('lease_sms', 0):>3}" for a in agents)
+    executed = sum(tr.executed_sm_s for tr in world.truths)
     return (f"[{prog}] usable spare {usable:7.1f} SM·s  granted {granted:7.1f}  used {used:7.1f}  "
+            f"executed {executed:7.1f}  "
             f"leases [{leases}]  misses {sum(x.misses for x in t)} (training {sum(x.misses_training for x in t)})  "
             f"tokens/s {tps:7.0f}  loss {np.mean(losses) if losses else float('nan'):.3f}"
             + (f"  rounds {rounds.committed_rounds()}" if rounds is not None else ""))
 
 
+@dataclass
+class LeaseWatch:
+    """The xApp's own view of each site's lease (`/api/v1/sites`), polled once a world period in the
+    background (`weaver bench safety`): when it revokes, from its side. (t_unix, site, sm_count) per change."""
+
+    rest: str
+    period_s: float
+    current: dict = field(default_factory=dict)
+    changes: list = field(default_factory=list)
+    polls: int = 0
+    failures: int = 0
+
+    async def run(self) -> None:
+        import aiohttp
+
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=max(self.period_s * 3, 0.3))) as s:
+            while True:
+                t = time.time()
+                try:
+                    async with s.get(f"{self.rest}/api/v1/sites") as r:
+                        sites = (await r.json())["sites"]
+                    self.polls += 1
+                    for x in sites:
+                        lease = x.get("lease")
+                        sms = int(lease["sm_count"]) if lease else 0
+                        if self.current.get(x["site_id"]) != sms:
+                            self.current[x["site_id"]] = sms
+                            self.changes.append((t, x["site_id"], sms))
+                except Exception:  # xApp stalled, killed or restarting: nothing learned this period
+                    self.failures += 1
+                await asyncio.sleep(max(self.period_s - (time.time() - t), 0.0))
+
+
 async def run_up(cfg: UpConfig, out=print) -> dict:
     from testbed.sim import SimConfig, Simulation
+    from testbed.tcpproxy import TcpProxy
 
     run_dir = cfg.run_dir or Path(tempfile.mkdtemp(prefix="weaver-up-"))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -304,6 +372,9 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         loop.add_signal_handler(sig, stop.set)
     summary: dict = {}
     rounds = RoundsSeen() if cfg.cross_site else None
+    proxies: dict[int, TcpProxy] = {}
+    injector: FaultInjector | None = None
+    watch_task: asyncio.Task | None = None
     try:
         lighthouse = ""
         if cfg.cross_site:
@@ -319,16 +390,22 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         xapp = sup.start("xapp", [sys.executable, "-m", "xapp", "--config", str(config_path)], env=xenv)
         await asyncio.to_thread(xapp.wait_for_line, r"weaver-xapp: ready", 90)
         agents: list[AgentView] = []
-        for i in range(cfg.sites):
-            argv = [str(agent_python()), "-m", "agent.cli", "run", "--broker", f"{cfg.host}:{ports['broker']}",
+        aenv = {"PYTHONPATH": str(ROOT), **agent_env(cfg.faults)}
+        for i in range(cfg.sites):  # each agent dials the broker through its own proxy (where network faults act)
+            proxies[i] = await TcpProxy(cfg.host, ports["broker"], cfg.host, 0, name=f"proxy:{site_name(i)}").start()
+            argv = [str(agent_python()), "-m", "agent.cli", "run", "--broker", proxies[i].address,
                     "--site-id", site_name(i), "--agent-id", f"agent-{i}", "--preset", cfg.agent_preset,
                     "--checkpoint-dir", str(run_dir / f"agent-{i}"), "--inspect-addr", f"{cfg.host}:0",
-                    "--metrics-addr", f"{cfg.host}:0", "--mode", "gpu", "--cores", "1"]  # train only under leases, never unleased
-            sup.start(f"agent:{i}", argv, env={"PYTHONPATH": str(ROOT)})
+                    "--metrics-addr", f"{cfg.host}:0", "--mode", "gpu",  # train only under leases, never unleased
+                    "--cores", str(cfg.agent_cores)]
+            sup.start(f"agent:{i}", argv, env=aenv)
         for i in range(cfg.sites):
             m = await asyncio.to_thread(sup.get(f"agent:{i}").wait_for_line, r"inspect on (\S+)", 120)
             agents.append(AgentView(i, m.group(1)))
         probe = AgentProbe(agents)
+        truths = [AgentTruth(i, sup.get(f"agent:{i}").proc.pid, float(world.gpu[i]), cfg.agent_cores)
+                  for i in range(cfg.sites)]
+        world.truths = truths
         rest = f"http://{cfg.host}:{ports['rest']}"
         out(f"weaver up: dashboard  {rest}/")
         out(f"weaver up: rest       {rest}/api/v1  (openapi {rest}/openapi.json, metrics {rest}/metrics)")
@@ -342,35 +419,88 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         else:
             out("weaver up: lighthouse none (--no-cross-site: each site trains alone)")
         out(f"weaver up: run dir    {run_dir} (logs, config, checkpoints)")
+        out(f"weaver up: truth      agent CPU from /proc ({truths[0].sampler.source}), "
+            f"site SMs = cpu_s / period_s * gpu_sms / {cfg.agent_cores} core(s)")
 
+        async def xapp_ready(child) -> None:
+            await asyncio.to_thread(child.wait_for_line, r"weaver-xapp: ready", 90)
+
+        if cfg.record_series:
+            watch = LeaseWatch(rest, sim.period_s)
+            world.lease_watch = watch
+            watch_task = asyncio.ensure_future(watch.run())
         t0 = loop.time()
+        probing = cfg.idle_probe_s > 0
+        if probing:
+            sim.muted.update(range(cfg.sites))
+            out(f"weaver up: idle probe {cfg.idle_probe_s:g} s without KPM, so nothing is granted (the agents' "
+                "idle baseline)")
+        if cfg.faults:
+            injector = FaultInjector(cfg.faults, Targets(
+                sim=sim, proxies=proxies, supervisor=sup, xapp_ready=xapp_ready,
+                agent_devices=lambda: {a.site: a.last.get("device", "") for a in agents}), cfg.fault_at_s)
+            world.injector = injector
+            if not probing:
+                injector.start()
+            out("weaver up: faults     " + "  ".join(
+                f"{f.describe()}@{f.at_s if f.at_s is not None else cfg.fault_at_s:g}s" for f in cfg.faults))
         next_print = t0 + 1.0
         n = 0
         xsites: dict = {}
+        last_sample = time.monotonic()
+        sites_task: asyncio.Task | None = None
         while not stop.is_set():
             if cfg.duration_s is not None and loop.time() - t0 >= cfg.duration_s:
                 break
             await asyncio.to_thread(probe.poll)
-            for a in agents:  # what each agent really holds is what the RAN must live with
-                sim.model.set_training_sms(a.site, float(a.last.get("lease_sms", 0) or 0))
+            now = time.monotonic()
+            dt = now - last_sample
+            # a period run back to back to catch up (the loop fell behind) is too short to measure on its own:
+            # it is charged with the last measurement and the next sample covers it
+            fresh = dt >= 0.5 * sim.period_s
+            if fresh:
+                last_sample = now
+            reported = np.zeros(cfg.sites)
+            for a in agents:  # what each agent process really executed is what the RAN must live with
+                reported[a.site] = float(a.last.get("lease_sms", 0) or 0)
+                truth = truths[a.site]
+                sms = truth.period(dt, reported[a.site], bool(a.last.get("connected")), now) if fresh else truth.last_sms
+                sim.model.set_training_sms(a.site, min(sms, float(world.gpu[a.site])))
+                if cfg.record_series and fresh:
+                    world.series.append([time.time(), a.site, sms, reported[a.site], a.last.get("lease_id", ""),
+                                         a.last.get("lease_hard_end_unix_ms", 0), dt,
+                                         a.last.get("lease_valid_for_ms", 0), 0])
             report = await sim.step()
-            world.account(report)
+            world.account(report, reported)
+            if cfg.record_series and fresh:
+                for row in world.series[-len(agents):]:
+                    row[8] = int(world.last_misses_training[row[1]])
             n += 1
+            if probing and loop.time() - t0 >= cfg.idle_probe_s:
+                probing = False
+                sim.muted.clear()
+                world.probe_end_unix = time.time()
+                if injector is not None:
+                    injector.start()
             if loop.time() >= next_print:
                 next_print += 1.0
-                try:
-                    xsites = {s["site_id"]: s for s in (await _get_json(f"{rest}/api/v1/sites"))["sites"]}
-                except Exception:
-                    xsites = {}
+                # in the background: a stalled or restarting xApp must not stall the world's pacing
+                if sites_task is not None and sites_task.done():
+                    try:
+                        xsites = {s["site_id"]: s for s in sites_task.result()["sites"]}
+                    except Exception:
+                        xsites = {}
+                    sites_task = None
+                if sites_task is None:
+                    sites_task = asyncio.ensure_future(_get_json(f"{rest}/api/v1/sites"))
                 if rounds is not None:
                     try:
                         await _read_rounds(rest, rounds)
                     except Exception:  # the next poll merges what this one missed
                         pass
                 out(_fmt_line(loop.time() - t0, cfg.duration_s, world, agents, xsites, rounds))
-                for c in sup.children:
-                    if not c.alive:
-                        raise ChildFailed(f"{c.name} exited ({c.proc.returncode}); see {run_dir / 'logs'}")
+                for c in sup.failed():  # a child a fault stopped on purpose is not a failure
+                    raise ChildFailed(f"{c.name} exited ({c.proc.returncode}); see {run_dir / 'logs'}")
             wait = t0 + n * sim.period_s - loop.time()
             if wait > 0:
                 try:
@@ -378,6 +508,9 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                 except TimeoutError:
                     pass
         # final figures, before anything is stopped
+        if sites_task is not None:
+            sites_task.cancel()
+            await asyncio.gather(sites_task, return_exceptions=True)
         try:
             xsites = {s["site_id"]: s for s in (await _get_json(f"{rest}/api/v1/sites"))["sites"]}
         except Exception as exc:
@@ -388,9 +521,18 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             except Exception as exc:
                 out(f"weaver up: could not read the xApp's round reports: {exc}")
         await asyncio.to_thread(probe.poll)
+        if injector is not None:
+            await injector.close()
         summary = build_summary(cfg, world, agents, xsites, loop.time() - t0, rounds, lighthouse)
     finally:
+        if injector is not None:
+            await injector.close()
+        if watch_task is not None:
+            watch_task.cancel()
+            await asyncio.gather(watch_task, return_exceptions=True)
         await asyncio.to_thread(shutdown, sup, 20.0)
+        for p in proxies.values():
+            await p.close()
         await sim.close()
     return summary
 
@@ -409,6 +551,7 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
         x = xsites.get(site_name(i)) or {}
         c = x.get("counters", {})
         a = agents[i].last if i < len(agents) else {}
+        truth = world.truths[i].summary() if i < len(world.truths) else {}
         used = float(c.get("sm_s_used", 0.0))
         sites[site_name(i)] = {
             "archetype": ARCHETYPES[i % len(ARCHETYPES)],
@@ -419,13 +562,18 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
             "leases_granted": int(c.get("leases_granted", 0)),
             "sm_seconds_granted": float(c.get("sm_s_granted", 0.0)),
             "sm_seconds_used": used,
-            "sm_seconds_held_by_agent": t.training_sm_s,
+            "sm_seconds_held_by_agent": t.training_sm_s,   # the lease the agent reported holding
+            "sm_seconds_executed": truth.get("sm_seconds_executed", 0.0),  # measured by the platform
             "ran_sm_s": t.ran_sm_s,
             "spare_sm_s": t.spare_sm_s,
             "usable_spare_sm_s": t.usable_spare_sm_s,
             "utilization": used / t.usable_spare_sm_s if t.usable_spare_sm_s > 0 else 0.0,
             "deadline_misses": t.misses,
-            "deadline_misses_attributable_to_training": t.misses_training,
+            "deadline_misses_attributable_to_training": t.misses_training,  # from what was executed
+            "deadline_misses_attributable_to_reported_lease": t.misses_training_reported,
+            "sm_ms_beyond_lease_total": truth.get("sm_ms_beyond_lease_total", 0.0),
+            "sm_ms_beyond_lease_max": truth.get("sm_ms_beyond_lease_max", 0.0),
+            "ground_truth": truth,
             "deadline_miss_rate": t.misses / t.slots if t.slots else 0.0,
             "slots": t.slots,
             "tokens_trained": int(a.get("tokens", 0) or 0),
@@ -438,10 +586,12 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
         if rounds is not None:
             sites[site_name(i)]["cross_site"] = rounds.site(site_name(i))
     keys_sum = ("kpm_indications", "rc_controls_sent", "rc_controls_acked", "rc_controls_failed", "leases_granted",
-                "sm_seconds_granted", "sm_seconds_used", "sm_seconds_held_by_agent", "ran_sm_s", "spare_sm_s",
-                "usable_spare_sm_s", "deadline_misses", "deadline_misses_attributable_to_training", "slots",
-                "tokens_trained", "steps")
+                "sm_seconds_granted", "sm_seconds_used", "sm_seconds_held_by_agent", "sm_seconds_executed",
+                "ran_sm_s", "spare_sm_s", "usable_spare_sm_s", "deadline_misses",
+                "deadline_misses_attributable_to_training", "deadline_misses_attributable_to_reported_lease",
+                "sm_ms_beyond_lease_total", "slots", "tokens_trained", "steps")
     totals = {k: sum(s[k] for s in sites.values()) for k in keys_sum}
+    totals["sm_ms_beyond_lease_max"] = max((s["sm_ms_beyond_lease_max"] for s in sites.values()), default=0.0)
     totals["utilization"] = totals["sm_seconds_used"] / totals["usable_spare_sm_s"] if totals["usable_spare_sm_s"] else 0.0
     totals["deadline_miss_rate"] = totals["deadline_misses"] / totals["slots"] if totals["slots"] else 0.0
     starts = [s["val_loss_start"] for s in sites.values() if not math.isnan(s["val_loss_start"])]
@@ -461,9 +611,27 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
                  "mean_wait_ms": float(np.mean(waits)) if waits else math.nan,
                  "median_wait_ms": float(np.median(waits)) if waits else math.nan,
                  "mean_wait_fraction_of_round": float(np.mean(waits)) / cfg.round_ms if waits else math.nan}
-    return {"policy": cfg.policy, "seed": cfg.seed, "duration_s": round(elapsed, 3), "period_ms": cfg.period_ms,
-            "partition": "green-context (reconfiguration in microseconds)", "guard_sms": cfg.guard_sms,
-            "sites": sites, "totals": totals, "cross_site": cross}
+    out = {"policy": cfg.policy, "seed": cfg.seed, "duration_s": round(elapsed, 3), "period_ms": cfg.period_ms,
+           "partition": "green-context (reconfiguration in microseconds)", "guard_sms": cfg.guard_sms,
+           "ground_truth": GROUND_TRUTH_NOTE, "sites": sites, "totals": totals, "cross_site": cross,
+           "faults": list(world.injector.timeline) if world.injector is not None else []}
+    if cfg.record_series:
+        out["series"] = {"columns": ["t_unix", "site", "executed_sms", "reported_lease_sms", "lease_id",
+                                     "lease_hard_end_unix_ms", "dt_s", "lease_valid_for_ms",
+                                     "misses_training"], "rows": world.series}
+        w = world.lease_watch
+        out["idle_probe_end_unix"] = world.probe_end_unix
+        out["xapp_leases"] = {"columns": ["t_unix", "site_id", "sm_count"], "rows": w.changes if w else [],
+                              "polls": w.polls if w else 0, "failures": w.failures if w else 0}
+    return out
+
+
+GROUND_TRUTH_NOTE = (
+    "sm_seconds_executed and deadline_misses_attributable_to_training come from each agent process's CPU time "
+    "(/proc schedstat per thread, ns), at gpu_sms / cores site SMs per core; it includes the agent's host work "
+    "outside leases (Python loop, gRPC threads, idle polling), reported as ground_truth.idle_baseline_*, "
+    "never subtracted. sm_seconds_held_by_agent is the lease the agent reported holding; sm_ms_beyond_lease "
+    "is, per period, executed minus that lease when positive (max over periods and total).")
 
 
 def _json_safe(o):
@@ -490,14 +658,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--round-ms", type=int, default=5000, help="cross-site round length (default 5000)")
     parser.add_argument("--no-cross-site", action="store_true",
                         help="start no Lighthouse: each site trains alone")
+    parser.add_argument("--fault", action="append", default=[], metavar="KIND[:param=value,...]",
+                        help="inject a fault (repeatable; kinds and params: testbed/faults.py), e.g. "
+                             "ack-delay:ms=500,for=3  partition:site=0,for=4  xapp-kill  node-restart:site=1")
+    parser.add_argument("--fault-at", type=float, default=DEFAULT_AT_S, metavar="SECONDS",
+                        help=f"start of every fault that names no at= (default {DEFAULT_AT_S:g} s into the run)")
 
 
 def run(args) -> int:
+    from testbed.faults import parse_faults
+
     try:
         cfg = UpConfig(sites=args.sites, cells=args.cells, duration_s=args.duration, policy=args.policy,
                        seed=args.seed, period_ms=args.period_ms, rest_port=args.port, agent_preset=args.preset,
                        run_dir=Path(args.run_dir) if args.run_dir else None,
-                       cross_site=not args.no_cross_site, round_ms=args.round_ms)
+                       cross_site=not args.no_cross_site, round_ms=args.round_ms,
+                       faults=parse_faults(args.fault, args.fault_at), fault_at_s=args.fault_at)
     except ValueError as exc:
         print(f"weaver up: {exc}", file=sys.stderr)
         return 2
@@ -509,7 +685,9 @@ def run(args) -> int:
     if summary:
         t = summary["totals"]
         print(f"weaver up: done in {summary['duration_s']:.0f}s - usable spare {t['usable_spare_sm_s']:.1f} SM·s, "
-              f"used {t['sm_seconds_used']:.1f} ({t['utilization']:.0%}), misses {t['deadline_misses']} "
+              f"used {t['sm_seconds_used']:.1f} ({t['utilization']:.0%}), executed {t['sm_seconds_executed']:.1f} "
+              f"(lease held {t['sm_seconds_held_by_agent']:.1f}, beyond it {t['sm_ms_beyond_lease_total'] / 1000:.1f}), "
+              f"misses {t['deadline_misses']} "
               f"(training {t['deadline_misses_attributable_to_training']}), tokens {t['tokens_trained']}, "
               f"val loss {t['val_loss_start']:.3f} -> {t['val_loss_end']:.3f}", flush=True)
         xs = summary["cross_site"]
@@ -523,6 +701,9 @@ def run(args) -> int:
                 print(f"weaver up:   {name}: {c['rounds_committed']}/{c['rounds_reported']} rounds committed, "
                       f"{c['committed_tokens']} tokens, {c['bytes_sent'] / 1e6:.1f} MB sent, "
                       f"wait mean {c['mean_wait_ms']:.0f} ms, median {c['median_wait_ms']:.0f} ms", flush=True)
+        for f in summary["faults"]:
+            print(f"weaver up: fault {f['spec']} {f['start_s']:.1f}s -> {f['end_s']:.1f}s"
+                  + ("" if f["applicable"] else " (not applied)") + (f": {f['note']}" if f["note"] else ""), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(_json_safe(summary), indent=2))
     return 0
