@@ -288,6 +288,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis", default=None, metavar="HOST:PORT",
                         help="R-NIB in this Redis (default: DBAAS_SERVICE_HOST/PORT if set, else embedded)")
     parser.add_argument("--json", default=None, help="also write the endpoints as JSON to this file")
+    parser.add_argument("--fault", action="append", default=[], metavar="KIND[:param=value,...]",
+                        help="inject a node-side fault (repeatable): ack-delay, ack-loss, ack-dup, ack-reorder, "
+                             "node-restart, node-lost (params: testbed/faults.py)")
+    parser.add_argument("--fault-at", type=float, default=5.0, metavar="SECONDS",
+                        help="start of every fault that names no at=, in seconds after ready (default 5)")
 
 
 def _sdl_from(args) -> SDLWrapper:
@@ -333,9 +338,13 @@ async def _serve(args, route_dir: str) -> int:
                     e2term_port=args.e2term_port, submgr_http_port=args.submgr_port,
                     submgr_rmr_port=args.submgr_rmr_port, xapps=tuple(args.xapp), kpm_version=args.kpm,
                     rc_table=args.rc_table, route_dir=route_dir, speed=args.speed)
+    from testbed.faults import SIM_KINDS, FaultInjector, Targets, check_sites, parse_faults
+
     try:
         overrides = parse_node_overrides(args.node)
         cfg = replace(cfg, node_overrides=overrides)
+        faults = parse_faults(args.fault, args.fault_at)
+        check_sites(faults, build_scenario(cfg).n_sites, allowed=SIM_KINDS)
         sim = await Simulation.start(cfg, _sdl_from(args))
     except (ValueError, TypeError) as exc:  # ModelConfigError / NodeConfigError: a bad scenario or node setting
         print(f"weaver sim: {exc}", file=sys.stderr)
@@ -356,7 +365,14 @@ async def _serve(args, route_dir: str) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(eps, indent=2))
         print("weaver-sim: ready", flush=True)
-        await sim.run(stop)
+        injector = FaultInjector(faults, Targets(sim=sim), args.fault_at)
+        injector.start()
+        try:
+            await sim.run(stop)
+        finally:
+            await injector.close()
+        for e in injector.timeline:
+            print(f"weaver-sim: fault {json.dumps(e)}", flush=True)
     finally:
         await api.cleanup()
         await sim.close()
