@@ -216,14 +216,24 @@ def adherence(torch, trainer, cuda: bool, sms: int, use_green: bool, windows: in
             "samples": sum(r.samples for r in ws)}
 
 
-def cuda_activity(torch, fn) -> int:
-    """CUDA-side events (kernels, copies, memsets) the profiler records while `fn()` runs."""
+def _cuda_events(torch, fn) -> list[str]:
+    """Names of the CUDA-side events (kernels, copies, memsets) the profiler records while `fn()` runs."""
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def cuda_activity(torch, fn) -> int:
+    """Any device work at all while `fn()` runs."""
+    return len(_cuda_events(torch, fn))
+
+
+def cuda_kernels(torch, fn) -> int:
+    """Kernels (SM work) while `fn()` runs; copies and memsets run on the copy engines and are not counted."""
+    return sum(1 for name in _cuda_events(torch, fn) if not name.startswith(("Memcpy", "Memset")))
 
 
 def _no_green_context(num_sms: int, device_id: int):

@@ -12,6 +12,12 @@ One round, seen from site i (compute-and-training-facts.md §6.2):
 
 Everything a site contributes is a SUM, so a cross-site all-reduce of (payload, stats) is the whole
 protocol: a site with t_i = 0 contributes zeros and stays in the quorum without stalling it.
+
+All of it runs on the host. `flatten` copies the parameters off their device into one float32 CPU
+vector (device-to-host copies, no kernel), and `unflatten_into` writes a CPU vector back with one
+host-to-device copy per parameter tensor, converted to its dtype on the host first: the tier does
+both at round boundaries, outside any lease, so a site with no lease runs no kernel on the GPU for
+the tier's arithmetic (deltas, outer step, compression, checksums), which is not leased work.
 """
 from __future__ import annotations
 
@@ -123,11 +129,13 @@ def use_fednova(stats: RoundStats, policy: RoundPolicy) -> bool:
 
 
 def flatten(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
+    """One float32 CPU vector of `tensors` (copied to the host first, converted there)."""
+    return torch.cat([t.detach().reshape(-1).cpu().to(torch.float32) for t in tensors])
 
 
 def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
-    """Copy a flat vector back into `tensors` (in place, keeping their dtypes)."""
+    """Copy a flat (CPU) vector back into `tensors`, in place and keeping their dtypes and devices:
+    each slice is converted on the host, then copied across as it is (no conversion kernel)."""
     total = sum(t.numel() for t in tensors)
     if total != flat.numel():
         raise ValueError(f"flat vector has {flat.numel()} elements, the tensors {total}")
@@ -135,7 +143,7 @@ def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     with torch.no_grad():
         for t in tensors:
             n = t.numel()
-            t.copy_(flat[offset:offset + n].view_as(t))
+            t.copy_(flat[offset:offset + n].view_as(t).to(t.dtype))
             offset += n
 
 

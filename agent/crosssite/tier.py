@@ -13,6 +13,12 @@ Per round (compute-and-training-facts.md §6.2), on the site leader:
   6. `should_commit()`; on success the outer Nesterov step, and the round's tokens count;
   7. every worker restarts from the global weights (a failed round is discarded everywhere).
 torchft's own DiLoCo class is not used: it syncs every H steps, which is the lockstep we avoid.
+
+The tier's state and arithmetic live on the host, whatever device the model trains on: the global
+weights, the outer optimizer, the deltas, the compression residuals and the collectives (gloo) are
+CPU tensors. The model's parameters cross only at the round's boundaries, outside any lease, as
+copies (never kernels): device-to-host once after the work phase (`flatten`), host-to-device per
+parameter where the model restarts from the global weights (`unflatten_into`, steps 1 and 7).
 """
 from __future__ import annotations
 
