@@ -248,7 +248,6 @@ def idle_device(torch, iterations: int = 5) -> dict:
     from agent.config import tiny_cpu
     from agent.enforcer import LeaseTerms
     from agent.lease_client import LeaseGranted
-    from agent.modes import ModeSwitch
     from agent.monitors import detect_device
     from agent.partition import GreenContextPool
     from agent.site_agent import SiteAgent
@@ -261,7 +260,7 @@ def idle_device(torch, iterations: int = 5) -> dict:
         t.micro_batch(2)
         t.optimizer_step()
         t.micro_batch(2)               # optimizer state and pending gradients on the GPU, then demote
-        demoted._apply_switch(ModeSwitch(demoted.clock(), "gpu_preferred", "cpu_preferred", "cpu", "gpu_check"))
+        demoted._apply_switch(demoted.modes._switch(demoted.clock(), "cpu_preferred", "gpu_check: demoted"))
         state = [v for st in t.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
         where = sorted({x.device.type for x in [*t.model.parameters(), *state]}
                        | {p.grad.device.type for p in t.model.parameters() if p.grad is not None})

@@ -59,16 +59,6 @@ IDLE_TICK_S = 0.05        # longest idle wait: bounds how stale the status and t
 MODE_EVERY_S = 1.0
 
 
-@dataclass(frozen=True)
-class Release:
-    """A LeaseReleased the agent sent (kept for inspection and tests)."""
-    lease_id: str
-    reason: str           # replaced | revoked | expired | refused | shutdown
-    at: float             # agent clock
-    overrun_ms: float
-    held_sm_count: int
-
-
 @dataclass
 class LeaseRecord:
     lease_id: str
@@ -108,7 +98,6 @@ class SiteAgent:
         self.window_reports: deque[WindowReport] = deque(maxlen=1024)
         self.yield_latencies_ms: deque[float] = deque(maxlen=256)
         self.work_log: deque[tuple[float, float, str]] = deque(maxlen=4096)   # (start, end, kind) of leased work
-        self.releases: deque[Release] = deque(maxlen=1024)
         self.refused: dict[str, int] = {}      # leases refused, by reason
         self._busy_until = -math.inf           # agent clock when the last leased work ended
         self._held: LeaseTerms | None = None   # the newest lease adopted and not yet released
@@ -415,7 +404,6 @@ class SiteAgent:
         that work ran past `since` (when it should have stopped: the event's receipt, or the expiry)."""
         self._held = None
         overrun_ms = max(0.0, self._busy_until - since) * 1e3
-        self.releases.append(Release(lease_id, reason, self.clock(), overrun_ms, held_sm_count))
         self.client.send_release(lease_id, reason, overrun_ms, held_sm_count)
 
     def partition_units(self, sm_count: int) -> int:
