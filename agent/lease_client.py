@@ -156,8 +156,7 @@ class LeaseClient:
         self.sessions = 0           # streams opened that got a Welcome
         self.dropped_reports = 0    # reports queued while disconnected (not buffered: they describe the past)
         self._events: queue.Queue[Event] = queue.Queue()
-        self._stream: _Stream | None = None   # of the current session (its offset bound: see max_offset_ms)
-        self._out: queue.Queue | None = None
+        self._stream: _Stream | None = None   # the current session's (out queue, offset bound)
         self._stop = threading.Event()
         self._call = None
         self._lock = threading.Lock()
@@ -175,8 +174,8 @@ class LeaseClient:
         its side `drain_s` later."""
         self._stop.set()
         with self._lock:
-            if self._out is not None:
-                self._out.put(_STOP)
+            if self._stream is not None:
+                self._stream.out.put(_STOP)
         if self._thread.is_alive():
             self._thread.join(drain_s)
         with self._lock:
@@ -225,7 +224,7 @@ class LeaseClient:
 
     def _send(self, msg: lease_pb2.AgentMessage) -> bool:
         with self._lock:
-            out = self._out if self.connected else None
+            out = self._stream.out if self.connected and self._stream is not None else None
         if out is None:
             self.dropped_reports += 1
             return False
@@ -274,7 +273,6 @@ class LeaseClient:
         """One stream, from connect to break. True when the broker welcomed us."""
         welcomed = False
         stream = _Stream()
-        out = stream.out
         metadata = (("authorization", f"Bearer {self.config.token}"),) if self.config.token else None
         # No client keepalive pings: servers with default settings answer frequent pings with GOAWAY
         # (too_many_pings). A silent broker is caught anyway: its leases lapse on the agent's clock.
@@ -282,17 +280,17 @@ class LeaseClient:
         with grpc.insecure_channel(self.config.broker) as channel:
             call = lease_pb2_grpc.LeaseBrokerStub(channel).Session(self._requests(stream), metadata=metadata)
             with self._lock:
-                self._call, self._out, self._stream = call, out, stream
+                self._call, self._stream = call, stream
             try:
                 for msg in call:
                     welcomed |= self._handle(msg, stream)
             except grpc.RpcError as exc:
                 reason = f"{exc.code().name}: {exc.details()}" if hasattr(exc, "code") else str(exc)
             finally:
-                out.put(_STOP)
+                stream.out.put(_STOP)
                 with self._lock:
                     was_connected, self.connected = self.connected, False
-                    self._call = self._out = self._stream = None
+                    self._call = self._stream = None
         if was_connected or welcomed:
             if not self._stop.is_set():
                 log.warning("lease stream to %s lost: %s", self.config.broker, reason)
