@@ -259,6 +259,9 @@ class FaultInjector:
                     counts[k] = counts.get(k, 0) + v
             entry["counts"] = counts
             entry["note"] = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+            if not counts.get("acks"):  # nothing to act on: say so rather than claim the fault happened
+                entry["applicable"] = False
+                entry["note"] = "no RC control was acknowledged while it was on"
 
     _ack_delay = _ack_loss = _ack_dup = _ack_reorder = _ack
 

@@ -258,6 +258,7 @@ class AgentTruth:
     def summary(self) -> dict:
         return {
             "source": self.sampler.source,
+            "gpu_sms": self.gpu_sms,
             "cores": self.cores,
             "cpu_s": self.cpu_s,
             "schedstat_cpu_s": self.sampler.schedstat_cpu_s,

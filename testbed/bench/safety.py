@@ -3,7 +3,9 @@
 Each row is one `weaver up` run (the same machinery: testbed world, mini-RIC, the xApp process, one agent
 process per site dialling the broker through its TCP proxy), small (1 site x 2 cells, no cross-site tier
 by default) and short: an idle probe first (the xApp grants nothing for `--probe` s, so the agent's idle
-baseline is measured in the same run), then `--duration` s with the fault in the middle.
+baseline is measured in the same run), then `--duration` s with the fault in the middle (from 35 %, for
+25 %; the RC ACK faults from the first KPM, for 60 %: the xApp sends a control only when an envelope
+changes, most of them as KPM starts to flow).
 
 Per row, all from the platform's side:
 - training-caused deadline misses by ground truth (after the idle probe; those in it - the agent's own
@@ -18,7 +20,8 @@ Per row, all from the platform's side:
   end (sent_unix_ms + valid_for_ms of the lease the agent holds, when no newer lease reached it by then),
   to the end of the first world period whose executed SMs are at most the idle baseline (p90 + 1 % of the
   GPU). Resolution: one world period (100 ms), plus the REST poll for revokes. Events in the idle probe
-  are not counted; an event after which the agent never went idle within the run counts as censored;
+  are not counted; an event followed by a new lease (the xApp's, or one reaching the agent) before the
+  agent went idle counts as "re-granted first", one after which it never went idle as "never";
 - leases granted (the xApp's counter: after an xApp restart, the new instance's) and leases the agent
   was seen holding (distinct lease ids), and tokens trained.
 """
@@ -73,6 +76,7 @@ def analyse(summary: dict, gpu_sms: dict[str, float]) -> dict:
     censored = 0
     beyond_max = beyond_total = above_idle_total = 0.0
     misses_post = misses_probe = 0
+    regranted = 0
     leases_seen = 0
     for sid, site in summary["sites"].items():
         i = int(sid.rsplit("-", 1)[1])
@@ -92,46 +96,57 @@ def analyse(summary: dict, gpu_sms: dict[str, float]) -> dict:
             above_idle_total += max(sms - held - (0.0 if math.isnan(base) else base), 0.0) * dt * 1000.0
         leases_seen += len({r[4] for r in mine if r[4] and r[3] > 0})
         # events: the xApp's revokes, then hard ends that passed without a newer lease reaching the agent
-        events: list[tuple[float, str]] = []
+        events: list[tuple[float, str, float]] = []   # (instant, kind, until: a new lease ends the wait)
         prev = None
+        grants = [t for t, s_id, sms in leases if s_id == sid and sms > 0]
         for t, s_id, sms in leases:
             if s_id != sid:
                 continue
             if prev is not None and prev > 0 and sms == 0 and t >= probe_end:
-                events.append((t, "revoke"))
+                events.append((t, "revoke", min((g for g in grants if g > t), default=math.inf)))
             prev = sms
         first_seen: dict[str, float] = {}   # lease id -> when the agent was first seen holding it
         hard_end: dict[str, float] = {}     # lease id -> its hard end (unix s, the broker's clock)
+        latest_end: dict[str, float] = {}   # ... the latest it can be (receipt is known to a world period)
         for t, _, _sms, _lease, lid, end_ms, dt, valid_ms, _ in mine:
             if not lid:
                 continue
             first_seen.setdefault(lid, t)
             if end_ms:      # the lease's own hard end (sent_unix_ms + valid_for_ms)
-                hard_end[lid] = end_ms / 1000.0
-            elif valid_ms:  # an older broker (no sent_unix_ms): receipt + valid_for_ms, receipt within the
-                hard_end.setdefault(lid, t - dt + valid_ms / 1000.0)  # period it was first seen: the earliest
+                hard_end[lid] = latest_end[lid] = end_ms / 1000.0
+            elif valid_ms and lid not in hard_end:
+                # a broker that sends no sent_unix_ms: the agent's receipt + valid_for_ms, the receipt within
+                # the period it was first seen in: the event is at the earliest end (the longer wait), and
+                # only if no newer lease was seen by the latest (no event from the period's uncertainty)
+                hard_end[lid] = t - dt + valid_ms / 1000.0
+                latest_end[lid] = t + valid_ms / 1000.0
         order = sorted(first_seen, key=first_seen.get)
         last_t = mine[-1][0] if mine else 0.0
+        for k, (t, kind, until) in enumerate(events):   # ... or a lease reaching the agent after the revoke
+            events[k] = (t, kind, min(until, min((f for f in first_seen.values() if f > t), default=math.inf)))
         for k, lid in enumerate(order):
             if lid not in hard_end:
                 continue
             end = hard_end[lid]
             next_seen = first_seen[order[k + 1]] if k + 1 < len(order) else math.inf
-            # expired: nothing newer had reached the agent by the hard end (a revoke just before is the event)
-            if next_seen > end and probe_end <= end <= last_t \
-                    and not any(kind == "revoke" and 0 <= end - e < 5.0 for e, kind in events):
-                events.append((end, "expiry"))
+            # expired: nothing newer had reached the agent by the hard end (a revoke while it was held, or just
+            # before it was first seen, is the event instead)
+            if next_seen > latest_end[lid] and probe_end <= end <= last_t \
+                    and not any(kind == "revoke" and first_seen[lid] - 0.2 <= e <= end for e, kind, _ in events):
+                events.append((end, "expiry", next_seen))
         waits = []
-        for ev, _kind in sorted(events):
-            after = [r for r in mine if r[0] >= ev]
-            idle = next((r for r in after if r[2] <= thr), None)
-            if idle is None:
+        for ev, _kind, until in sorted(events):
+            idle = next((r for r in mine if ev <= r[0] and r[2] <= thr), None)
+            if idle is not None and idle[0] <= until + 0.05:  # idle in the period that ends as the new lease is seen
+                waits.append((idle[0] - ev) * 1000.0)
+            elif until <= last_t:
+                regranted += 1   # a new lease came before the agent was idle: it may work again
+            else:
                 censored += 1
-                continue
-            waits.append((idle[0] - ev) * 1000.0)
         to_idle_ms += waits
         out_sites[sid] = {"idle_baseline_sms_p90": base, "idle_threshold_sms": thr,
-                          "events": [{"t_unix": e, "kind": k} for e, k in sorted(events)],
+                          "events": [{"t_unix": e, "kind": k, "until_unix": None if math.isinf(u) else u}
+                                     for e, k, u in sorted(events)],
                           "revoke_or_expiry_to_idle_ms": waits}
     t = summary["totals"]
     return {
@@ -148,6 +163,7 @@ def analyse(summary: dict, gpu_sms: dict[str, float]) -> dict:
         "revoke_or_expiry_to_idle_ms_p99": _pct(to_idle_ms, 99),
         "revoke_or_expiry_to_idle_ms_max": max(to_idle_ms) if to_idle_ms else math.nan,
         "revoke_or_expiry_never_idle": censored,
+        "revoke_or_expiry_regranted_before_idle": regranted,
         "leases_granted": t["leases_granted"],
         "leases_seen_by_agent": leases_seen,
         "tokens_trained": t["tokens_trained"],
@@ -163,6 +179,10 @@ def run_one(name: str, args, log_out) -> dict:
 
     for_s = max(1.0, round(args.duration * 0.25, 1))
     at_s = round(args.duration * 0.35, 1)
+    if name.startswith("ack-"):
+        # the xApp sends RC control only when an envelope changes: a handful per run, most of them as KPM
+        # starts to flow. An ACK fault therefore starts with KPM (the end of the idle probe) and lasts 60 %
+        at_s, for_s = 0.0, round(args.duration * 0.6, 1)
     spec = fault_spec(name, for_s)
     faults = parse_faults([spec] if spec else [], at_s)
     run_dir = Path(tempfile.mkdtemp(prefix=f"weaver-safety-{name}-"))
@@ -186,6 +206,7 @@ def run_one(name: str, args, log_out) -> dict:
     row["note"] = "; ".join(e["note"] for e in tl if e.get("note"))
     if spec and not tl:
         row["note"] = "fault did not start within the run"
+    row["gpu_sms"] = gpu
     row.update(analyse(summary, gpu))
     row["summary"] = {k: v for k, v in summary.items() if k not in ("series", "xapp_leases")}
     row["series"] = summary.get("series")            # per world period and site: the ground truth beside the lease
@@ -199,7 +220,7 @@ def _f(x, fmt="{:.0f}") -> str:
 
 def table(rows: list[dict]) -> str:
     head = ("| fault | applied | training misses by ground truth (in idle probe) | by reported lease | beyond lease max SM·ms | total SM·s "
-            "| above idle SM·s | revoke/expiry -> idle p50 / p99 / max ms (events, never) | leases granted (seen) "
+            "| above idle SM·s | revoke/expiry -> idle p50 / p99 / max ms (events, re-granted first, never) | leases granted (seen) "
             "| tokens | note |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -212,7 +233,7 @@ def table(rows: list[dict]) -> str:
             f"| {_f(r['sm_ms_beyond_lease_above_idle_total'] / 1000, '{:.1f}')} "
             f"| {_f(r['revoke_or_expiry_to_idle_ms_p50'])} / {_f(r['revoke_or_expiry_to_idle_ms_p99'])} / "
             f"{_f(r['revoke_or_expiry_to_idle_ms_max'])} ({r['revoke_or_expiry_events']}, "
-            f"{r['revoke_or_expiry_never_idle']}) | {r['leases_granted']} ({r['leases_seen_by_agent']}) "
+            f"{r['revoke_or_expiry_regranted_before_idle']}, {r['revoke_or_expiry_never_idle']}) | {r['leases_granted']} ({r['leases_seen_by_agent']}) "
             f"| {r['tokens_trained']} | {r['note'][:90]} |")
     return "\n".join(lines)
 
@@ -230,10 +251,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="CI size: short rows")
     parser.add_argument("--json", default=None, metavar="FILE")
     parser.add_argument("--verbose", action="store_true", help="echo every run's status lines")
+    parser.add_argument("--from-json", default=None, metavar="FILE",
+                        help="run nothing: analyse the runs recorded in an earlier --json FILE again and print the table")
+
+
+def reanalyse(doc: dict) -> list[dict]:
+    """The rows of an earlier `--json` document, analysed again from their recorded series."""
+    rows = []
+    for r in doc["rows"]:
+        summary = {**r["summary"], "series": r["series"], "xapp_leases": r["xapp_leases"]}
+        gpu = {sid: float(site.get("ground_truth", {}).get("gpu_sms", 0) or 132.0)
+               for sid, site in summary["sites"].items()}
+        rows.append({**r, **analyse(summary, r.get("gpu_sms", gpu))})
+    return rows
 
 
 def run(args) -> int:
     from testbed.up import _json_safe
+
+    if args.from_json:
+        doc = json.loads(Path(args.from_json).read_text())
+        rows = reanalyse(doc)
+        print(table(rows))
+        if args.json:
+            Path(args.json).write_text(json.dumps(_json_safe({**doc, "rows": rows}), indent=2))
+        return 0
 
     args.duration = args.duration if args.duration is not None else (8.0 if args.quick else 16.0)
     args.probe = args.probe if args.probe is not None else (2.0 if args.quick else 3.0)
