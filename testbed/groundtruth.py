@@ -213,6 +213,7 @@ class AgentTruth:
     last_sms: float = 0.0
     gone: bool = False
     prev_lease_sms: float = 0.0
+    startup_cpu_s: float = 0.0   # before the world's first period (model build, warm-up): charged to no slot
     series: list = field(default_factory=list)   # (t_monotonic, executed_sms, lease_sms_held)
 
     def __post_init__(self) -> None:
@@ -226,14 +227,17 @@ class AgentTruth:
         self.sampler.sample()
         self.gone = False
 
-    def period(self, period_s: float, lease_sms: float, connected: bool, now: float | None = None) -> float:
+    def period(self, period_s: float, lease_sms: float, connected: bool, now: float | None = None,
+               cpu: float | None | bool = False) -> float:
         """Sample one world period of `period_s` wall seconds (the time since the last sample); returns
         the executed site SMs over it (unclamped: a multi-threaded agent may exceed the site GPU).
 
         `lease_sms`: the lease the agent reports holding now, at the period's end. The lease it may have
         held during the period is the larger of that and the one it reported at the period's start (a lease
-        that arrived, or ended, within the period), and "beyond the lease" is measured against that."""
-        cpu = self.sampler.sample()
+        that arrived, or ended, within the period), and "beyond the lease" is measured against that.
+        `cpu`: a sample the caller already took for this period (default: sample now)."""
+        if cpu is False:
+            cpu = self.sampler.sample()
         if cpu is None:
             self.gone = True
             cpu = 0.0
@@ -261,6 +265,7 @@ class AgentTruth:
             "gpu_sms": self.gpu_sms,
             "cores": self.cores,
             "cpu_s": self.cpu_s,
+            "startup_cpu_s": self.startup_cpu_s,
             "schedstat_cpu_s": self.sampler.schedstat_cpu_s,
             "stat_cpu_s": self.sampler.stat_cpu_s,
             "sm_seconds_executed": self.executed_sm_s,

@@ -406,6 +406,17 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         truths = [AgentTruth(i, sup.get(f"agent:{i}").proc.pid, float(world.gpu[i]), cfg.agent_cores)
                   for i in range(cfg.sites)]
         world.truths = truths
+        # The world's first period waits until every agent is connected to the broker: an agent builds its
+        # model and warms up (timed steps, outside any lease) before it connects. That work is measured and
+        # reported (ground_truth.startup_cpu_s) but charged to no RAN slot: none is simulated yet.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            await asyncio.to_thread(probe.poll)
+            if all(a.last.get("connected") for a in agents):
+                break
+            await asyncio.sleep(0.1)
+        for tr in truths:
+            tr.startup_cpu_s = tr.sampler.sample() or 0.0
         rest = f"http://{cfg.host}:{ports['rest']}"
         out(f"weaver up: dashboard  {rest}/")
         out(f"weaver up: rest       {rest}/api/v1  (openapi {rest}/openapi.json, metrics {rest}/metrics)")
@@ -452,19 +463,22 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         while not stop.is_set():
             if cfg.duration_s is not None and loop.time() - t0 >= cfg.duration_s:
                 break
-            await asyncio.to_thread(probe.poll)
+            # the CPU sample first, right after the pacing wait, so that its windows are as even as the pacing
             now = time.monotonic()
             dt = now - last_sample
             # a period run back to back to catch up (the loop fell behind) is too short to measure on its own:
             # it is charged with the last measurement and the next sample covers it
             fresh = dt >= 0.5 * sim.period_s
+            cpu = [tr.sampler.sample() for tr in truths] if fresh else []
             if fresh:
                 last_sample = now
+            await asyncio.to_thread(probe.poll)
             reported = np.zeros(cfg.sites)
             for a in agents:  # what each agent process really executed is what the RAN must live with
                 reported[a.site] = float(a.last.get("lease_sms", 0) or 0)
                 truth = truths[a.site]
-                sms = truth.period(dt, reported[a.site], bool(a.last.get("connected")), now) if fresh else truth.last_sms
+                sms = (truth.period(dt, reported[a.site], bool(a.last.get("connected")), now, cpu=cpu[a.site])
+                       if fresh else truth.last_sms)
                 sim.model.set_training_sms(a.site, min(sms, float(world.gpu[a.site])))
                 if cfg.record_series and fresh:
                     world.series.append([time.time(), a.site, sms, reported[a.site], a.last.get("lease_id", ""),
@@ -630,7 +644,8 @@ GROUND_TRUTH_NOTE = (
     "sm_seconds_executed and deadline_misses_attributable_to_training come from each agent process's CPU time "
     "(/proc schedstat per thread, ns), at gpu_sms / cores site SMs per core; it includes the agent's host work "
     "outside leases (Python loop, gRPC threads, idle polling), reported as ground_truth.idle_baseline_*, "
-    "never subtracted. sm_seconds_held_by_agent is the lease the agent reported holding; sm_ms_beyond_lease "
+    "never subtracted; its start-up (model build, warm-up) before it connects precedes the world's first period "
+    "and is reported as ground_truth.startup_cpu_s. sm_seconds_held_by_agent is the lease the agent reported holding; sm_ms_beyond_lease "
     "is, per period, executed minus that lease when positive (max over periods and total).")
 
 
