@@ -193,6 +193,7 @@ class FaultInjector:
     faults: tuple[Fault, ...]
     targets: Targets
     default_at_s: float = DEFAULT_AT_S
+    notify: object | None = None   # callable(entry, "start" | "end"): e.g. a status line as it happens
     timeline: list = field(default_factory=list)
     _tasks: list = field(default_factory=list)
     _t0: float = 0.0
@@ -222,6 +223,7 @@ class FaultInjector:
         entry["start_unix"] = time.time()
         self.timeline.append(entry)
         log.warning("fault %s: start at %.3f s", f.describe(), entry["start_s"])
+        self._notify(entry, "start")
         try:
             await getattr(self, "_" + f.kind.replace("-", "_"))(f, entry)
         except asyncio.CancelledError:
@@ -233,6 +235,14 @@ class FaultInjector:
         entry["end_s"] = round(self.now(), 3)
         entry["end_unix"] = time.time()
         log.warning("fault %s: end at %.3f s (%s)", f.describe(), entry["end_s"], entry["note"] or "ok")
+        self._notify(entry, "end")
+
+    def _notify(self, entry: dict, what: str) -> None:
+        if self.notify is not None:
+            try:
+                self.notify(entry, what)
+            except Exception:  # a report must never stop a fault
+                log.exception("fault notify failed")
 
     # -- ACKs on the E2 node's wire ----------------------------------------------------------------
 

@@ -449,7 +449,9 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         if cfg.faults:
             injector = FaultInjector(cfg.faults, Targets(
                 sim=sim, proxies=proxies, supervisor=sup, xapp_ready=xapp_ready,
-                agent_devices=lambda: {a.site: a.last.get("device", "") for a in agents}), cfg.fault_at_s)
+                agent_devices=lambda: {a.site: a.last.get("device", "") for a in agents}), cfg.fault_at_s,
+                notify=lambda e, what: out(f"weaver up: fault {e['spec']} {what}s at {e[what + '_s']:.1f} s"
+                                           + (f" ({e['note']})" if what == "end" and e["note"] else "")))
             world.injector = injector
             if not probing:
                 injector.start()

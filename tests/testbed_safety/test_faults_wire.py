@@ -137,7 +137,9 @@ def test_ack_fault_through_the_injector():
         model = RanModel(SCEN, seed=0)
         e2t = await RmrEndpoint.open(0, src_id="127.0.0.1", bind_if="127.0.0.1", env={})
         shell = await NodeShell.open(node_configs(SCEN)[0], model, e2t.src)
-        inj = FaultInjector((parse_fault("ack-loss:at=0,for=0.5"),), Targets(sim=_Sim(shell)))
+        said: list[str] = []
+        inj = FaultInjector((parse_fault("ack-loss:at=0,for=0.5"),), Targets(sim=_Sim(shell)),
+                            notify=lambda e, what: said.append(f"{e['kind']} {what}"))
         inj.start()
         await asyncio.sleep(0.1)
         installed = shell.ack_shaper is not None
@@ -154,10 +156,11 @@ def test_ack_fault_through_the_injector():
         await inj.close()
         await shell.close()
         await e2t.close()
-        return installed, lost, back, inj.timeline
+        return installed, lost, back, inj.timeline, said
 
-    installed, lost, back, timeline = asyncio.run(go())
+    installed, lost, back, timeline, said = asyncio.run(go())
     assert installed and lost and back.mtype == 12041
+    assert said == ["ack-loss start", "ack-loss end"]
     [e] = timeline
     assert e["kind"] == "ack-loss" and e["end_s"] >= e["start_s"] + 0.5 and e["counts"]["lost"] == 1
 
