@@ -66,6 +66,11 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else math.nan
 
 
+def _median(xs: list) -> float:
+    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return float(np.median(xs)) if xs else math.nan
+
+
 def analyse(summary: dict, gpu_sms: dict[str, float]) -> dict:
     """Per-row figures from a `record_series` run summary (see the module docstring)."""
     rows = summary.get("series", {}).get("rows", [])
@@ -164,6 +169,8 @@ def analyse(summary: dict, gpu_sms: dict[str, float]) -> dict:
         "revoke_or_expiry_to_idle_ms_max": max(to_idle_ms) if to_idle_ms else math.nan,
         "revoke_or_expiry_never_idle": censored,
         "revoke_or_expiry_regranted_before_idle": regranted,
+        "idle_baseline_sms_median": _median([s.get("ground_truth", {}).get("idle_baseline_sms_median")
+                                             for s in summary["sites"].values()]),
         "leases_granted": t["leases_granted"],
         "leases_seen_by_agent": leases_seen,
         "tokens_trained": t["tokens_trained"],
@@ -220,7 +227,7 @@ def _f(x, fmt="{:.0f}") -> str:
 
 def table(rows: list[dict]) -> str:
     head = ("| fault | applied | training misses by ground truth (in idle probe) | by reported lease | beyond lease max SM·ms | total SM·s "
-            "| above idle SM·s | revoke/expiry -> idle p50 / p99 / max ms (events, re-granted first, never) | leases granted (seen) "
+            "| idle baseline SMs (median) | above idle SM·s | revoke/expiry -> idle p50 / p99 / max ms (events, re-granted first, never) | leases granted (seen) "
             "| tokens | note |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -230,6 +237,7 @@ def table(rows: list[dict]) -> str:
             f"({r['deadline_misses_attributable_to_training_in_probe']}) "
             f"| {r['deadline_misses_attributable_to_reported_lease']} | {_f(r['sm_ms_beyond_lease_max'])} "
             f"| {_f(r['sm_ms_beyond_lease_total'] / 1000, '{:.1f}')} "
+            f"| {_f(r.get('idle_baseline_sms_median'), '{:.1f}')} "
             f"| {_f(r['sm_ms_beyond_lease_above_idle_total'] / 1000, '{:.1f}')} "
             f"| {_f(r['revoke_or_expiry_to_idle_ms_p50'])} / {_f(r['revoke_or_expiry_to_idle_ms_p99'])} / "
             f"{_f(r['revoke_or_expiry_to_idle_ms_max'])} ({r['revoke_or_expiry_events']}, "
