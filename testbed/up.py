@@ -15,12 +15,15 @@ What runs, and over which interface (nothing is short-circuited):
 What the RAN must live with is what each agent process really executes, measured by the platform
 (`testbed.groundtruth`: the process's CPU time from /proc, per world period, at the broker's CPU-agent
 scale gpu_sms / cores): that is what the model charges against the RAN's demand and what training-caused
-misses are counted from. The lease each agent reports holding (its AgentInspect service) is kept beside
-it (`sm_seconds_held_by_agent`), and the difference is reported (`sm_ms_beyond_lease`). Each agent dials
-the lease broker through its own TCP proxy (`testbed.tcpproxy`), where the network faults act;
-`--fault` (`testbed.faults`) injects faults into the real processes and the real wire. Ctrl-C (or `--duration`) stops the
-xApp first (it revokes every lease), then the agents, all at once (each finishes its round and writes a
-checkpoint), then the Lighthouse, then the world, and leaves no process behind. `--json FILE` writes the run summary (measures named as in architecture.md).
+misses are counted from. The first period waits until every agent is connected (its start-up, e.g. the
+warm-up before it connects, is reported as ground_truth.startup_cpu_s). The lease each agent reports
+holding (its AgentInspect service) is kept beside it (`sm_seconds_held_by_agent`), and the difference is
+reported (`sm_ms_beyond_lease`). Each agent dials the lease broker through its own TCP proxy
+(`testbed.tcpproxy`), where the network faults act; `--fault` (`testbed.faults`) injects faults into the
+real processes and the real wire. Ctrl-C (or `--duration`) stops the xApp first (it revokes every lease),
+then the agents, all at once (each finishes its round and writes a checkpoint), then the Lighthouse, then
+the world, and leaves no process behind. `--json FILE` writes the run summary (measures named as in
+architecture.md), with the fault timeline.
 """
 from __future__ import annotations
 
@@ -481,6 +484,8 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                 truth = truths[a.site]
                 sms = (truth.period(dt, reported[a.site], bool(a.last.get("connected")), now, cpu=cpu[a.site])
                        if fresh else truth.last_sms)
+                # the model takes at most the site's GPU (a multi-threaded agent can exceed one core's worth);
+                # the unclamped figure is what sm_seconds_executed and sm_ms_beyond_lease count
                 sim.model.set_training_sms(a.site, min(sms, float(world.gpu[a.site])))
                 if cfg.record_series and fresh:
                     world.series.append([time.time(), a.site, sms, reported[a.site], a.last.get("lease_id", ""),
