@@ -115,14 +115,16 @@ class ControlResult:
     control_id: int                 # RIC instance ID the node echoed
     ok: bool
     cause: str = ""
+    requestor: int = CONTROL_REQUESTOR   # RIC requestor ID the node echoed
 
 
 def parse_control_reply(payload: bytes) -> ControlResult:
     """12041/12042 payload -> ControlResult; E2DecodeError or ValueError for anything else."""
     msg = decode_e2ap(payload)
     if isinstance(msg, RicControlAcknowledge):
-        return ControlResult(control_id=msg.request_id.instance, ok=True)
+        return ControlResult(control_id=msg.request_id.instance, ok=True, requestor=msg.request_id.requestor)
     if isinstance(msg, RicControlFailure):
         c = msg.cause
-        return ControlResult(control_id=msg.request_id.instance, ok=False, cause=f"{c.group}/{c.value}" if c else "")
+        return ControlResult(control_id=msg.request_id.instance, ok=False, cause=f"{c.group}/{c.value}" if c else "",
+                             requestor=msg.request_id.requestor)
     raise ValueError(f"expected RICcontrolAcknowledge/Failure, got {type(msg).__name__}")

@@ -19,6 +19,10 @@ MODES = ("", "cpu", "cpu_preferred", "gpu_preferred", "gpu")
 MAX_ID = 128
 
 
+def lease_id(site_id: str, epoch: int, seq: int) -> str:
+    return f"{site_id}.{epoch}.{seq}"
+
+
 class BadRequest(ValueError):
     """An agent message that breaks the contract; `code` is "invalid" or "unauthenticated"."""
 
@@ -171,17 +175,30 @@ class AgentBook:
         return set(self.agents)
 
     # leases
-    def issue(self, site_id: str, sm_count: int, gpu_sms: int, reason: str, now_unix: float) -> LeaseIssued:
-        seq = self.seq.get(site_id, 0) + 1
-        self.seq[site_id] = seq
+    def issue(self, site_id: str, sm_count: int, gpu_sms: int, reason: str, now_unix: float, *, seq: int = 0,
+              basis: str = "") -> LeaseIssued:
+        """`seq`: the loop's lease sequence number (xapp.invariant), 0 = the next one here. `now_unix`
+        is the decision instant: the lease's hard end is that plus valid_for, however late it is sent."""
+        seq = seq or self.seq.get(site_id, 0) + 1
+        self.seq[site_id] = max(seq, self.seq.get(site_id, 0))
         valid_ms = self.period_ms * self.valid_periods
         lease = lease_pb2.Lease(
-            lease_id=f"{site_id}.{self.epoch}.{seq}", site_id=site_id, sm_count=sm_count, period_ms=self.period_ms,
-            valid_for_ms=valid_ms, epoch=self.epoch, seq=seq,
-            duty=min(1.0, sm_count / gpu_sms) if gpu_sms else 0.0, reason=reason)
+            lease_id=lease_id(site_id, self.epoch, seq), site_id=site_id, sm_count=sm_count,
+            period_ms=self.period_ms, valid_for_ms=valid_ms, epoch=self.epoch, seq=seq,
+            duty=min(1.0, sm_count / gpu_sms) if gpu_sms else 0.0, reason=reason,
+            sent_unix_ms=int(now_unix * 1000), basis=basis)
         issued = LeaseIssued(lease=lease, issued_unix=now_unix, valid_until_unix=now_unix + valid_ms / 1000.0)
         self.leases[site_id] = issued
         return issued
+
+    def release_seq(self, site_id: str, lease: str) -> int:
+        """The seq a LeaseReleased names; BadRequest unless it is a lease issued to this site this epoch."""
+        prefix = f"{site_id}.{self.epoch}."
+        tail = lease[len(prefix):] if lease.startswith(prefix) else ""
+        if not tail.isdigit() or not 0 < int(tail) <= self.seq.get(site_id, 0):
+            raise BadRequest(f"released.lease_id: {lease[:64]!r} is not a lease issued to {site_id} in epoch "
+                             f"{self.epoch}")
+        return int(tail)
 
     def revoke(self, site_id: str) -> LeaseIssued | None:
         return self.leases.pop(site_id, None)

@@ -47,6 +47,7 @@ from xapp.loop import (
     ControlOutcome,
     GrantLease,
     Inputs,
+    LeaseRelease,
     RevokeLease,
     SendControl,
     new_state,
@@ -184,6 +185,7 @@ class XappApp:
         self.state = new_state(cfg, clock())
         self.samples: list[KpmSample] = []
         self.results: list[ControlOutcome] = []
+        self.releases: list[LeaseRelease] = []
         self.lost_nodes: set[str] = set()
         self.watcher = ConfigWatcher(config_path) if config_path else None
         self._wake = asyncio.Event()
@@ -353,10 +355,11 @@ class XappApp:
         log.info("SDL %s: %d subscriptions, %d sites, %d ledger entries; broker epoch %d", self.store.backend,
                  len(snap.subscriptions), len(snap.sites), len(snap.leases), self.epoch)
         self.state = new_state(cfg, self.now(), snap.cost_models)
-        for sid, rec in snap.sites.items():            # what the nodes last acknowledged
+        # What the nodes last acknowledged is shown, never trusted: a node may have restarted while we
+        # were down, so every envelope is unknown (the whole GPU) until a node acknowledges one again.
+        for sid, rec in snap.sites.items():
             rt = self.state.sites.get(sid)
             if rt is not None:
-                rt.acked_envelope = rec.envelope_sms
                 rt.acked_caps = tuple(SliceQuota(sst=sst, sd=None if sd < 0 else sd, max_ratio=ratio)
                                       for _meid, sst, sd, ratio in rec.caps)
         if snap.control_cursor is not None:             # RC control ids go on where the last run stopped
@@ -379,7 +382,7 @@ class XappApp:
         self.broker = LeaseBroker(cfg, AgentBook(epoch=self.epoch, period_ms=cfg.period_ms,
                                                  valid_periods=cfg.lease_valid_periods, heartbeat_ms=b.heartbeat_ms,
                                                  timeout_heartbeats=b.agent_timeout_heartbeats),
-                                  now=self.now, wall=self.wall, on_lease=self._ledger)
+                                  now=self.now, wall=self.wall, on_lease=self._ledger, on_release=self._released)
         port = await self.broker.start(broker_listen)
         log.info("lease broker on port %d (epoch %d)", port, self.epoch)
         self.http = aiohttp.ClientSession()
@@ -563,7 +566,8 @@ class XappApp:
                 self.counters.control_replies_bad += 1
                 log.warning("control reply dropped (node %r, mtype %d): %s", msg.meid, msg.mtype, exc)
                 return
-            self.results.append(ControlOutcome(control_id=r.control_id, ok=r.ok, cause=r.cause))
+            self.results.append(ControlOutcome(control_id=r.control_id, ok=r.ok, cause=r.cause, meid=msg.meid,
+                                               requestor=r.requestor))
         else:
             self.counters.rmr_other += 1
             log.info("RMR mtype %d from %r ignored", msg.mtype, msg.meid)
@@ -602,8 +606,8 @@ class XappApp:
                     self.counters.revocations["lost-agent"] = self.counters.revocations.get("lost-agent", 0) + 1
         agents = frozenset(self.broker.sessions) if self.broker else frozenset()
         inputs = Inputs(samples=tuple(self.samples), results=tuple(self.results), agents=agents,
-                        lost_nodes=frozenset(self.lost_nodes))
-        self.samples, self.results = [], []
+                        lost_nodes=frozenset(self.lost_nodes), releases=tuple(self.releases))
+        self.samples, self.results, self.releases = [], [], []
         results = {r.control_id: r for r in inputs.results}
         pending = dict(self.state.pending)
         _, actions = step(self.state, self.now(), inputs)
@@ -648,6 +652,7 @@ class XappApp:
             msg = RmrMessage(mtype=MT_CONTROL_REQ, payload=a.payload, meid=a.meid, sub_id=-1)
             try:
                 await self.rmr.send(msg)
+                self.note_control_id(a.control_id)
                 self.counters.controls_sent += 1
                 self.site_tally(a.site_id).rc_controls_sent += 1
                 self.controls_log.append({"t": self.wall(), "site": a.site_id, "meid": a.meid, "kind": a.kind,
@@ -659,7 +664,8 @@ class XappApp:
                 self.counters.send_errors += 1
                 log.warning("control to %s not sent: %s", a.meid, exc)
         elif isinstance(a, GrantLease):
-            if self.broker.grant(a.site_id, a.sm_count, a.reason) is not None:
+            if self.broker.grant(a.site_id, a.sm_count, a.reason, seq=a.seq, decided_at=a.decided_at,
+                                 basis=a.basis) is not None:
                 self.counters.grants += 1
                 t = self.site_tally(a.site_id)
                 t.leases_granted += 1
@@ -669,6 +675,11 @@ class XappApp:
             self.counters.revocations[a.reason.split(":")[0]] = \
                 self.counters.revocations.get(a.reason.split(":")[0], 0) + 1
             log.info("site %s: lease revoked (%s)", a.site_id, a.reason)
+
+    def _released(self, site_id: str, seq: int, reason: str) -> None:
+        """A LeaseReleased from the agent: the loop may now loosen what that lease held back."""
+        self.releases.append(LeaseRelease(site_id=site_id, seq=seq, reason=reason))
+        self._wake.set()
 
     def _ledger(self, issued, what: str) -> None:
         lease = issued.lease

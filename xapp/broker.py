@@ -61,12 +61,15 @@ class LeaseBroker:
 
     def __init__(self, cfg: XappConfig, book: AgentBook, *, now: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
-                 on_lease: Callable[[LeaseIssued, str], None] | None = None) -> None:
+                 on_lease: Callable[[LeaseIssued, str], None] | None = None,
+                 on_release: Callable[[str, int, str], None] | None = None) -> None:
         self.cfg = cfg
         self.book = book
         self.now = now
         self.wall = wall
         self.on_lease = on_lease              # ledger hook: (issued, "granted" | "revoked")
+        self.on_release = on_release          # (site, seq, reason): the agent acts on no lease up to seq
+        self.released = 0
         self.sessions: dict[str, _Session] = {}
         self.events: deque = deque(maxlen=512)
         self.rejected = 0
@@ -116,13 +119,18 @@ class LeaseBroker:
         msg = lease_pb2.BrokerMessage(cross_site=self.cross_site())
         return sum(s.push(msg) for s in self.sessions.values())
 
-    def grant(self, site_id: str, sm_count: int, reason: str) -> LeaseIssued | None:
-        """Issue (or renew) the site's lease; None when no agent is connected for the site."""
+    def grant(self, site_id: str, sm_count: int, reason: str, *, seq: int = 0, decided_at: float | None = None,
+              basis: str = "") -> LeaseIssued | None:
+        """Issue (or renew) the site's lease; None when no agent is connected for the site.
+
+        `decided_at` (monotonic, the loop's decision instant): the lease is stamped with it, backdated on
+        the wall clock, so a lease that waited before it was sent ends when the xApp's ledger says."""
         s = self.sessions.get(site_id)
         site = self.cfg.site(site_id)
         if s is None or site is None:
             return None
-        issued = self.book.issue(site_id, sm_count, site.gpu_sms, reason, self.wall())
+        late = 0.0 if decided_at is None else max(0.0, self.now() - decided_at)
+        issued = self.book.issue(site_id, sm_count, site.gpu_sms, reason, self.wall() - late, seq=seq, basis=basis)
         if not s.push(lease_pb2.BrokerMessage(lease=issued.lease)):
             self._drop(s, "agent not reading its stream")
             return None
@@ -133,8 +141,9 @@ class LeaseBroker:
     def revoke(self, site_id: str, reason: str) -> bool:
         issued = self.book.revoke(site_id)
         s = self.sessions.get(site_id)
-        if s is not None:
-            s.push(lease_pb2.BrokerMessage(revoke=lease_pb2.Revoke(lease_id="", reason=reason)))
+        if s is not None and not s.push(lease_pb2.BrokerMessage(revoke=lease_pb2.Revoke(lease_id="", reason=reason))):
+            # A revoke is never dropped: the agent treats a closed stream as a revoke of everything.
+            self._drop(s, "revoke could not be queued (agent not reading its stream)")
         if issued is not None:
             self.events.append((self.wall(), site_id, "revoke", reason))
             if self.on_lease:
@@ -203,7 +212,7 @@ class LeaseBroker:
                  reg.sm_count, reg.granularity)
         yield lease_pb2.BrokerMessage(welcome=lease_pb2.Welcome(
             site_id=reg.site_id, epoch=self.book.epoch, heartbeat_ms=self.cfg.broker.heartbeat_ms,
-            cross_site=self.cross_site())).SerializeToString()
+            cross_site=self.cross_site(), sent_unix_ms=int(self.wall() * 1000))).SerializeToString()
         yield lease_pb2.BrokerMessage(revoke=lease_pb2.Revoke(lease_id="", reason="new-session")).SerializeToString()
 
         error: list[BadRequest] = []
@@ -250,6 +259,11 @@ class LeaseBroker:
                     r = m.round
                     agent.rounds.append((r.round, r.committed, r.participants, r.tokens, r.bytes_sent,
                                          r.wall_ms, r.wait_ms))
+                elif kind == "released":
+                    seq = self.book.release_seq(sess.site_id, m.released.lease_id)
+                    self.released += 1
+                    if self.on_release:
+                        self.on_release(sess.site_id, seq, m.released.reason[:64])
                 elif kind == "register":
                     raise BadRequest("register sent twice on one stream")
         except BadRequest as exc:

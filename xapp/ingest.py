@@ -68,9 +68,20 @@ class KpmSubscription:
 class KpmSample:
     meid: str
     received: float                    # caller's monotonic seconds
-    collected: int | None              # colletStartTime as sent (informative; None when not decoded)
+    collected: int | None              # colletStartTime as sent (None when not decoded)
     values: dict[str, float] = field(hash=False)
     sn: int | None = None
+    collected_s: float | None = None   # colletStartTime in seconds (NTP era; only differences matter)
+    collected_res_s: float = 0.0       # its resolution: 1 s for KPM v2.03's 32-bit stamp, ~0 for v3.00
+
+
+def collection_seconds(stamp: int | None, version: KpmVersion) -> tuple[float | None, float]:
+    """KPM v3.00 carries a 64-bit NTP timestamp (seconds . fraction), v2.03 the 32-bit seconds."""
+    if stamp is None:
+        return None, 0.0
+    if version is KpmVersion.V3_00:
+        return (stamp >> 32) + (stamp & 0xFFFFFFFF) / 2**32, 2**-32
+    return float(stamp), 1.0
 
 
 def fold(records: tuple[tuple, ...], keys: tuple[str, ...]) -> dict[str, float]:
@@ -140,5 +151,6 @@ class Ingest:
             raise self._fail("shape", f"{sub.meid}: records of {[len(r) for r in msg.records]} items "
                                       f"for {len(keys)} measurements")
         self.accepted += 1
+        collected_s, res = collection_seconds(collected, sub.version)
         return KpmSample(meid=sub.meid, received=now, collected=collected,
-                         values=fold(msg.records, keys), sn=ind.sn)
+                         values=fold(msg.records, keys), sn=ind.sn, collected_s=collected_s, collected_res_s=res)

@@ -6,13 +6,22 @@ them, feeding ACK/FAILURE back in as `ControlResult`s. Time is the caller's mono
 here reads a clock, sleeps or logs. `next_deadline(state)` is when `step` next has work of its own (the
 period tick, a KPM staleness limit, an RC ACK timeout), so a virtual clock can jump straight there.
 
+Every grant and every envelope goes through the site's `xapp.invariant.SiteSafety`, which owns the
+RAN-first rule (envelope any node may apply + leases the agent may act on + guard <= GPU): grants are cut
+to its ceiling, a looser envelope waits for the release of the SMs it gives back, and a node whose state
+is unknown (E2 setup, restart, loss, stale KPM, control timeout) counts as the whole GPU until an
+envelope sent to it is acknowledged.
+
 Fail-safe rules (RAN first; architecture.md): a site's lease is revoked at once when
-- its KPM is stale (no sample from one of its nodes for `stale_periods` periods) or a node is lost,
+- its KPM is stale (no fresh sample from one of its nodes for `stale_periods` periods) or a node is lost;
+  a sample is fresh by its own collection time, not by when the xApp dequeued it (a burst of old
+  indications after a stall is not fresh), and out-of-sequence samples are dropped;
 - an RC control to one of its nodes fails or is not acknowledged within `control_timeout_ms`
-  (the site then stays conservative -- no grant -- for `FAILSAFE_PERIODS` periods),
+  (the site then stays conservative -- no grant -- for `FAILSAFE_PERIODS` periods);
+- a node reports a deadline miss (`GPU.DeadlineMiss`): conservative for `MISS_HOLDOFF_PERIODS`;
 - its agent is gone (the broker drops the lease itself; the loop just stops granting).
-Grants only grow on acknowledged envelopes: while a control that tightens the envelope is pending, the
-grant is computed from the envelope the nodes last acknowledged.
+A site that held no lease for `LIFT_AFTER_PERIODS` has its shaping lifted (envelope = whole GPU, caps
+cleared); `lift_shaping` does the same for every node at shutdown.
 """
 from __future__ import annotations
 
@@ -22,13 +31,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from e2sm.rc import SliceQuota
-from xapp.actuate import NodeControl, envelope_request, quota_request
+from xapp.actuate import CONTROL_REQUESTOR, NodeControl, envelope_request, quota_request
 from xapp.config import SiteConfig, XappConfig
 from xapp.estimate import AVAIL_DL, CostModel, DemandEstimate, SiteEstimator
 from xapp.ingest import KpmSample, meas_key
+from xapp.invariant import SiteSafety
 from xapp.policy import CellCap, QuotaCost, SiteHistory, SiteObservation, make_policy
 
 FAILSAFE_PERIODS = 10
+MISS_HOLDOFF_PERIODS = 50      # a reported deadline miss: no grant for 5 s at 100 ms periods
+LIFT_AFTER_PERIODS = 50        # no lease held for this long: lift the shaping
+DELAY_WINDOW = 64              # samples per node in the window of the transit-delay floor
 TICK_SLACK = 1e-6        # float sums of periods drift; a tick 1 us early is the same tick
 
 
@@ -51,6 +64,10 @@ class GrantLease:
     site_id: str
     sm_count: int
     reason: str
+    seq: int = 0                     # per-site lease sequence (the ledger in SiteSafety); 0: unnumbered
+    decided_at: float = 0.0          # loop clock; the lease's hard end is decided_at + valid_for_s
+    valid_for_s: float = 0.0
+    basis: str = "envelope"          # envelope | forecast (xapp.invariant)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,9 +84,19 @@ Action = SendControl | GrantLease | RevokeLease
 
 @dataclass(frozen=True, kw_only=True)
 class ControlOutcome:
-    control_id: int
+    control_id: int                  # RIC instance id of the request
     ok: bool
     cause: str = ""
+    meid: str = ""                   # node the reply came from ("": not checked, the virtual-time bench)
+    requestor: int = CONTROL_REQUESTOR
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseRelease:
+    """The agent acts on no lease of `site_id` up to `seq` any more (weaver.v1.LeaseReleased)."""
+    site_id: str
+    seq: int
+    reason: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +105,7 @@ class Inputs:
     results: tuple[ControlOutcome, ...] = ()
     agents: frozenset[str] = frozenset()          # sites with a connected agent
     lost_nodes: frozenset[str] = frozenset()
+    releases: tuple[LeaseRelease, ...] = ()
 
 
 # ----------------------------------------------------------------------------- state
@@ -94,6 +122,8 @@ class SiteDecisionView:
     source: str
     fresh: bool
     reason: str
+    basis: str = "envelope"          # what the grant rests on: envelope | forecast
+    slack_sms: int = 0               # GPU - envelope bound - leases the agent may act on - guard
 
 
 @dataclass
@@ -103,23 +133,42 @@ class PendingControl:
 
 
 @dataclass
+class NodeFeed:
+    """Sequence and transit-delay bookkeeping of one node's KPM (freshness by collection time)."""
+    sn: int | None = None
+    accepted_at: float = -math.inf
+    delays: deque = field(default_factory=lambda: deque(maxlen=DELAY_WINDOW))   # received - collected
+    dropped: int = 0
+
+
+@dataclass
 class SiteRuntime:
     cfg: SiteConfig
     estimator: SiteEstimator
+    safety: SiteSafety
     nodes: dict[str, NodeControl] = field(default_factory=dict)
     last: dict[str, KpmSample] = field(default_factory=dict)
-    acked_envelope: int | None = None
+    feeds: dict[str, NodeFeed] = field(default_factory=dict)
     acked_caps: tuple[SliceQuota, ...] = ()
-    sent_envelope: int | None = None
     sent_caps_by_node: dict[str, tuple[SliceQuota, ...]] = field(default_factory=dict)
     policy: Any = None                   # xapp.policy Policy for this site (mode follows its nodes)
     history: SiteHistory = field(default_factory=SiteHistory)
     grant_sms: int = 0
     conservative_until: float = -math.inf
+    conservative_reason: str = ""
+    idle_since: float = 0.0              # last instant the site's agent held (or was granted) a lease
+    lifted: bool = False                 # shaping lifted (envelope = whole GPU, caps cleared)
+    deferred_envelope: int | None = None  # a looser envelope waiting for the agent's release
     views: deque = field(default_factory=lambda: deque(maxlen=6000))
     last_view: SiteDecisionView | None = None
     last_estimate: DemandEstimate | None = None
     misses: int = 0
+
+    @property
+    def acked_envelope(self) -> int | None:
+        """The largest acknowledged envelope of the site's enforcing nodes (None: any unknown)."""
+        known = [n.known for n in self.safety.nodes.values() if n.enforced]
+        return None if not known or None in known else max(known)
 
 
 @dataclass
@@ -133,6 +182,8 @@ class LoopState:
     next_control_id: int = 1
     events: deque = field(default_factory=lambda: deque(maxlen=1000))   # (t, site, kind, detail)
     started: float = 0.0
+    grant_not_before: float = -math.inf     # a restarted xApp waits out the previous epoch's leases
+    control_leader: bool = True             # False: another instance holds the SDL leader lease
 
 
 def policy_for(cfg: XappConfig, mode: str):
@@ -156,9 +207,12 @@ def new_state(cfg: XappConfig, now: float, cost_models: dict | None = None) -> L
     for s in cfg.sites:
         model = CostModel.from_dict(cost_models[s.site_id], cfg.estimate.window_periods) \
             if cost_models and s.site_id in cost_models else None
-        sites[s.site_id] = SiteRuntime(cfg=s, policy=policy_for(cfg, "envelope"), estimator=SiteEstimator(
+        policy = policy_for(cfg, "envelope")
+        sites[s.site_id] = SiteRuntime(cfg=s, policy=policy, estimator=SiteEstimator(
             s.site_id, cfg.estimate.quantile, cfg.estimate.window_periods, cfg.estimate.min_samples, model),
-            history=SiteHistory(maxlen=cfg.estimate.window_periods))
+            history=SiteHistory(maxlen=cfg.estimate.window_periods), idle_since=now,
+            safety=SiteSafety(s.site_id, s.gpu_sms, s.granularity, _guard_of(policy),
+                              cfg.lease_valid_periods * cfg.period_s))
     return LoopState(cfg=cfg, sites=sites, next_tick=now + cfg.period_s, started=now)
 
 
@@ -168,9 +222,20 @@ def set_node(state: LoopState, nc: NodeControl) -> None:
     if site is not None:
         rt = state.sites[site.site_id]
         rt.nodes[nc.meid] = nc
-        modes = {n.mode for n in rt.nodes.values()}
-        rt.policy = policy_for(state.cfg, "envelope" if "envelope" in modes else "quota" if "quota" in modes
-                               else "envelope")
+        refresh_policy(state, rt)
+
+
+def refresh_policy(state: LoopState, rt: SiteRuntime) -> None:
+    """The site's policy follows its nodes' modes; a node enforces an envelope only when it takes one
+    and the policy shapes (the baselines do not: their grants rest on their own forecast)."""
+    modes = {n.mode for n in rt.nodes.values()}
+    rt.policy = policy_for(state.cfg, "envelope" if "envelope" in modes else "quota" if "quota" in modes
+                           else "envelope")
+    shapes = getattr(rt.policy, "name", "") == "weaver" and getattr(rt.policy, "mode", "envelope") == "envelope"
+    rt.safety.guard_sms = _guard_of(rt.policy)
+    rt.safety.valid_for_s = state.cfg.lease_valid_periods * state.cfg.period_s
+    for meid, nc in rt.nodes.items():
+        rt.safety.add_node(meid, enforced=shapes and nc.mode == "envelope")
 
 
 def stale_limit(state: LoopState) -> float:
@@ -193,7 +258,32 @@ def next_deadline(state: LoopState) -> float:
             for m in rt.cfg.nodes:
                 if m in rt.last:
                     t = min(t, rt.last[m].received + limit + 1e-6)
+        if rt.safety.leases:      # a hard end frees SMs a deferred looser envelope may be waiting for
+            t = min(t, rt.safety.next_expiry() + 1e-6)
     return t
+
+
+def _accept(state: LoopState, rt: SiteRuntime, s: KpmSample) -> bool:
+    """Sequence and age of one sample. Dropped: a duplicate or older RICindicationSN (within the
+    staleness window; after a silence a restarted node's numbering starts again), and a sample whose
+    transit delay exceeds the node's recent floor by more than the staleness limit (it waited in a
+    queue: its data is old however recently it was dequeued). The floor is the windowed minimum of
+    received - collected, so the two clocks need no common origin; the collection time's resolution
+    (1 s in KPM v2.03) widens the margin."""
+    feed = rt.feeds.setdefault(s.meid, NodeFeed())
+    limit = stale_limit(state)
+    recent = s.received - feed.accepted_at <= limit
+    if s.sn is not None and feed.sn is not None and recent and 0 <= (feed.sn - s.sn) % 65536 < 32768:
+        feed.dropped += 1
+        return False
+    if s.collected_s is not None:
+        delay = s.received - s.collected_s
+        feed.delays.append(delay)
+        if delay - min(feed.delays) > limit + s.collected_res_s:
+            feed.dropped += 1
+            return False
+    feed.sn, feed.accepted_at = s.sn, s.received
+    return True
 
 
 def _pop_pending(state: LoopState, cid: int) -> PendingControl | None:
@@ -229,50 +319,95 @@ def _revoke(state: LoopState, rt: SiteRuntime, now: float, reason: str, actions:
     rt.grant_sms = 0
 
 
-def _failsafe(state: LoopState, rt: SiteRuntime, now: float, reason: str, actions: list) -> None:
-    rt.conservative_until = now + FAILSAFE_PERIODS * state.cfg.period_s
-    rt.sent_envelope = None                       # resend the next decision, whatever hysteresis says
-    rt.sent_caps_by_node.clear()
+def _conservative(state: LoopState, rt: SiteRuntime, now: float, periods: int, reason: str, actions: list) -> None:
+    until = now + periods * state.cfg.period_s
+    if until > rt.conservative_until:
+        rt.conservative_until, rt.conservative_reason = until, reason
     _revoke(state, rt, now, reason, actions)
+
+
+def _ingest(state: LoopState, samples: tuple[KpmSample, ...], now: float, actions: list,
+            only: str | None = None) -> None:
+    for s in samples:
+        site = state.cfg.site_of(s.meid)
+        if site is None or (only is not None and site.site_id != only):
+            continue
+        rt = state.sites[site.site_id]
+        if not _accept(state, rt, s):
+            continue
+        if s.meid not in rt.last or s.received - rt.last[s.meid].received > stale_limit(state):
+            # first sample, or the first after a silence: the node may have restarted without its
+            # envelope, so it is unknown (the whole GPU) until it acknowledges one again
+            rt.safety.node_unknown(s.meid, "kpm-resumed" if s.meid in rt.last else "e2-setup")
+        rt.last[s.meid] = s
+        missed = int(s.values.get("GPU.DeadlineMiss", 0) or 0)
+        if missed > 0:
+            rt.misses += missed
+            state.events.append((now, rt.cfg.site_id, "deadline-miss", f"{s.meid}: {missed} slots"))
+            _conservative(state, rt, now, MISS_HOLDOFF_PERIODS, "deadline-miss", actions)
+
+
+def _results(state: LoopState, results: tuple[ControlOutcome, ...], now: float, actions: list,
+             only: str | None = None) -> None:
+    for r in results:
+        p = state.pending.get(r.control_id)
+        # a reply is ours when requestor, node and instance id all match a control in flight
+        if p is None or r.requestor != CONTROL_REQUESTOR or (r.meid and r.meid != p.control.meid) \
+                or (only is not None and p.control.site_id != only):
+            continue
+        _pop_pending(state, r.control_id)
+        rt = state.sites[p.control.site_id]
+        if r.ok:
+            if p.control.kind == "envelope":
+                rt.safety.control_acked(p.control.meid, p.control.control_id)
+            rt.acked_caps = p.control.quotas or rt.acked_caps
+            state.events.append((now, rt.cfg.site_id, "control-ack", f"{p.control.kind} {p.control.meid}"))
+        else:
+            rt.safety.control_failed(p.control.meid, p.control.control_id)
+            rt.sent_caps_by_node.pop(p.control.meid, None)      # resend the next decision
+            state.events.append((now, rt.cfg.site_id, "control-failure", f"{p.control.meid}: {r.cause}"))
+            _conservative(state, rt, now, FAILSAFE_PERIODS, f"control-failure: {r.cause}", actions)
+    timeout = state.cfg.actuation.control_timeout_ms / 1000.0
+    for cid, p in list(state.pending.items()):
+        if now - p.sent >= timeout and (only is None or p.control.site_id == only):
+            _pop_pending(state, cid)
+            rt = state.sites[p.control.site_id]
+            rt.safety.control_timed_out(p.control.meid, cid)
+            rt.sent_caps_by_node.pop(p.control.meid, None)
+            state.events.append((now, rt.cfg.site_id, "control-timeout", p.control.meid))
+            _conservative(state, rt, now, FAILSAFE_PERIODS, "control-timeout", actions)
+
+
+def _releases(state: LoopState, releases: tuple[LeaseRelease, ...]) -> None:
+    for r in releases:
+        rt = state.sites.get(r.site_id)
+        if rt is not None:
+            rt.safety.released(r.seq)
+
+
+def _between_ticks(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs, actions: list) -> None:
+    """Fail-safe at once (stale KPM, lost node, lost agent), then any looser envelope whose SMs the
+    agent has released since the tick."""
+    lost = set(rt.cfg.nodes) & inputs.lost_nodes
+    for m in lost:
+        if m in rt.safety.nodes and rt.safety.nodes[m].known is not None:
+            rt.safety.node_unknown(m, "lost-node")
+    if rt.grant_sms > 0:
+        if not fresh(state, rt, now, inputs.lost_nodes):
+            _revoke(state, rt, now, "lost-node" if lost else "stale-kpm", actions)
+        elif rt.cfg.site_id not in inputs.agents:
+            rt.grant_sms = 0      # the broker already dropped the lease with the stream
+    if rt.deferred_envelope is not None and state.control_leader:
+        _send_envelopes(state, rt, now, rt.deferred_envelope, actions)
 
 
 def step(state: LoopState, now: float, inputs: Inputs) -> tuple[LoopState, list[Action]]:
     actions: list[Action] = []
-    # 1. ingest
-    for s in inputs.samples:
-        site = state.cfg.site_of(s.meid)
-        if site is not None:
-            rt = state.sites[site.site_id]
-            rt.last[s.meid] = s
-            rt.misses += int(s.values.get("GPU.DeadlineMiss", 0))
-    # 2. control results, then timeouts
-    for r in inputs.results:
-        p = _pop_pending(state, r.control_id)
-        if p is None:
-            continue
-        rt = state.sites[p.control.site_id]
-        if r.ok:
-            rt.acked_envelope = p.control.envelope_sms
-            rt.acked_caps = p.control.quotas
-            state.events.append((now, rt.cfg.site_id, "control-ack", f"{p.control.kind} {p.control.meid}"))
-        else:
-            state.events.append((now, rt.cfg.site_id, "control-failure", f"{p.control.meid}: {r.cause}"))
-            _failsafe(state, rt, now, f"control-failure: {r.cause}", actions)
-    timeout = state.cfg.actuation.control_timeout_ms / 1000.0
-    for cid, p in list(state.pending.items()):
-        if now - p.sent >= timeout:
-            _pop_pending(state, cid)
-            rt = state.sites[p.control.site_id]
-            state.events.append((now, rt.cfg.site_id, "control-timeout", p.control.meid))
-            _failsafe(state, rt, now, "control-timeout", actions)
-    # 3. fail-safe between ticks: stale KPM, lost node, lost agent revoke at once
+    _ingest(state, inputs.samples, now, actions)
+    _releases(state, inputs.releases)
+    _results(state, inputs.results, now, actions)
     for rt in state.sites.values():
-        if rt.grant_sms > 0:
-            if not fresh(state, rt, now, inputs.lost_nodes):
-                _revoke(state, rt, now, "lost-node" if set(rt.cfg.nodes) & inputs.lost_nodes else "stale-kpm", actions)
-            elif rt.cfg.site_id not in inputs.agents:
-                rt.grant_sms = 0      # the broker already dropped the lease with the stream
-    # 4. the period tick
+        _between_ticks(state, rt, now, inputs, actions)
     if now >= state.next_tick - TICK_SLACK:
         period = state.cfg.period_s
         state.next_tick += period * max(1, math.floor((now + TICK_SLACK - state.next_tick) / period) + 1)
@@ -282,21 +417,29 @@ def step(state: LoopState, now: float, inputs: Inputs) -> tuple[LoopState, list[
 
 
 def step_site(state: LoopState, site_id: str, now: float, samples: tuple[KpmSample, ...] = (),
-              results: tuple[ControlOutcome, ...] = (), agents: frozenset[str] = frozenset()) -> list[Action]:
+              results: tuple[ControlOutcome, ...] = (), agents: frozenset[str] = frozenset(),
+              releases: tuple[LeaseRelease, ...] = ()) -> list[Action]:
     """One site's period decision on its own (a shell that ticks sites as their KPM arrives; the bench).
-    Same rules as `step`, restricted to `site_id`."""
+    The same rules as `step`, restricted to `site_id`."""
     actions: list[Action] = []
+    inputs = Inputs(samples=samples, results=results, agents=agents, releases=releases)
+    _ingest(state, samples, now, actions, only=site_id)
+    _releases(state, tuple(r for r in releases if r.site_id == site_id))
+    _results(state, results, now, actions, only=site_id)
     rt = state.sites[site_id]
-    for s in samples:
-        rt.last[s.meid] = s
-    for r in results:
-        p = _pop_pending(state, r.control_id)
-        if p is not None and r.ok:
-            rt.acked_envelope = p.control.envelope_sms
-        elif p is not None:
-            _failsafe(state, rt, now, f"control-failure: {r.cause}", actions)
-    _decide(state, rt, now, Inputs(samples=samples, agents=agents), actions)
+    _between_ticks(state, rt, now, inputs, actions)
+    _decide(state, rt, now, inputs, actions)
     return actions
+
+
+def lift_shaping(state: LoopState, now: float) -> list[SendControl]:
+    """Controls that hand every node its whole GPU back (envelope = GPU, best-effort caps cleared): at
+    shutdown, after every lease is revoked, so no node stays shaped for a training that is gone."""
+    actions: list = []
+    for rt in state.sites.values():
+        _lift(state, rt, now, actions, force=True)
+    return [a for a in actions if isinstance(a, SendControl)]
+
 
 
 def _observation(state: LoopState, rt: SiteRuntime, est: DemandEstimate, now: float) -> SiteObservation:
@@ -333,51 +476,99 @@ def _decide(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs, actio
     est = rt.estimator.estimate(samples) if is_fresh else DemandEstimate(
         site_id=site.site_id, mean=None, peak=None, peak_q=None, source="none")
     rt.last_estimate = est
+    rt.deferred_envelope = None
+    if rt.grant_sms > 0 or rt.safety.held(now):
+        rt.idle_since = now
     reason = ""
     if not is_fresh or est.mean is None:
         reason = "stale-kpm" if not is_fresh else "no-estimate"
     elif now < rt.conservative_until:
-        reason = "failsafe"
+        reason = rt.conservative_reason.split(":")[0] or "failsafe"
+    elif not state.control_leader:
+        reason = "not-leader"
     if reason:
         _revoke(state, rt, now, reason, actions)
-        rt.last_view = SiteDecisionView(t=now, envelope_sms=rt.acked_envelope or site.gpu_sms, grant_sms=0,
-                                        demand_mean=est.mean, demand_peak=est.peak, source=est.source,
-                                        fresh=is_fresh, reason=reason)
-        rt.views.append(rt.last_view)
+        if is_fresh and state.control_leader:
+            _lift(state, rt, now, actions)
+        _view(rt, now, rt.acked_envelope or site.gpu_sms, 0, est, is_fresh, reason)
         return
     obs = _observation(state, rt, est, now)
     decision = rt.policy.decide(obs, rt.history)
     rt.history.record(obs, decision)
     sized = decision.sized_for_sms if decision.sized_for_sms is not None else decision.envelope_sms
     envelope = min(site.gpu_sms, max(0, int(sized if sized is not None else site.gpu_sms - decision.grant_sms)))
+    wanted = _round_down(max(0, int(decision.grant_sms)), site.granularity)
+    training = site.site_id in inputs.agents and now >= state.grant_not_before
+    if rt.lifted:
+        if not (training and wanted > 0):
+            _view(rt, now, site.gpu_sms, 0, est, True, "lifted: no training to shape for")
+            return
+        rt.lifted, rt.idle_since = False, now        # training is back: shape again (tightening is safe)
+    elif _lift(state, rt, now, actions):
+        _view(rt, now, site.gpu_sms, 0, est, True, "lifted: no lease for a while")
+        return
     _actuate(state, rt, now, decision.envelope_sms, _node_quotas(rt, decision.caps, state.cfg.actuation.min_ratio),
              envelope, actions)
-    # Grant from the envelope the nodes will honour: a pending tighter envelope does not count yet, and
-    # quota-mode grants do not grow while new caps are in flight.
-    modes = {nc.mode for nc in rt.nodes.values()}
-    binding = envelope
-    if "envelope" in modes and decision.envelope_sms is not None:
-        binding = max(envelope, rt.acked_envelope if rt.acked_envelope is not None else site.gpu_sms)
-    ceiling = _round_down(site.gpu_sms - binding - _guard(rt), site.granularity) if binding < site.gpu_sms else 0
-    grant = min(_round_down(max(0, int(decision.grant_sms)), site.granularity), ceiling)
-    if "quota" in modes and site.site_id in state.busy_sites:
-        grant = min(grant, rt.grant_sms)
-    if site.site_id not in inputs.agents:
+    # The grant is what the invariant allows now: nodes that take no envelope are bounded by the
+    # forecast the policy sized; enforcing nodes by what they may be applying (acknowledged, or the
+    # looser side of a control in flight), so a grant grows only on an acknowledged tighter envelope.
+    rt.safety.forecast_sms = envelope
+    grant = min(wanted, rt.safety.grant_ceiling(now))
+    if "quota" in {nc.mode for nc in rt.nodes.values()} and site.site_id in state.busy_sites:
+        grant = min(grant, rt.grant_sms)      # quota-mode grants do not grow while new caps are in flight
+    if not training:
         grant = 0
     if grant > 0:
-        actions.append(GrantLease(site_id=site.site_id, sm_count=grant, reason=f"{cfg.policy.name}: {decision.reason}"))
+        hold = rt.safety.lease_sent(grant, now)
+        actions.append(GrantLease(site_id=site.site_id, sm_count=grant, reason=f"{cfg.policy.name}: {decision.reason}",
+                                  seq=hold.seq, decided_at=now, valid_for_s=rt.safety.valid_for_s,
+                                  basis=rt.safety.basis()))
     elif rt.grant_sms > 0:
         actions.append(RevokeLease(site_id=site.site_id, reason="grant-zero"))
     rt.grant_sms = grant
+    why = decision.reason if now >= state.grant_not_before else "waiting out the previous epoch's leases"
+    _view(rt, now, envelope, grant, est, True, why)
+
+
+def _view(rt: SiteRuntime, now: float, envelope: int, grant: int, est: DemandEstimate, is_fresh: bool,
+          reason: str) -> None:
     rt.last_view = SiteDecisionView(t=now, envelope_sms=envelope, grant_sms=grant, demand_mean=est.mean,
-                                    demand_peak=est.peak, source=est.source, fresh=True,
-                                    reason=decision.reason)
+                                    demand_peak=est.peak, source=est.source, fresh=is_fresh, reason=reason,
+                                    basis=rt.safety.basis(), slack_sms=rt.safety.slack(now))
     rt.views.append(rt.last_view)
 
 
-def _guard(rt: SiteRuntime) -> int:
+def _lift(state: LoopState, rt: SiteRuntime, now: float, actions: list, force: bool = False) -> bool:
+    """Hand the nodes their whole GPU back once the site held no lease for LIFT_AFTER_PERIODS (or at
+    once with `force`); True when the site is (being) lifted. Loosening goes through the invariant
+    like any envelope, so nothing is lifted under a lease the agent may still act on."""
+    if not force and now - rt.idle_since < LIFT_AFTER_PERIODS * state.cfg.period_s:
+        return False
+    if rt.safety.agent_sms(now) > 0 or rt.grant_sms > 0:
+        return False
+    act = state.cfg.actuation
+    for nc in rt.nodes.values():
+        if nc.meid in state.busy_nodes:
+            continue
+        if nc.mode == "envelope" and nc.meid in rt.safety.nodes:
+            _send_envelope(state, rt, nc, rt.cfg.gpu_sms, now, actions, hysteresis=0)
+        elif nc.mode == "quota" and rt.cfg.best_effort_slices:
+            q = tuple(SliceQuota(sst=b.sst, sd=b.sd, min_ratio=0, max_ratio=100) for b in rt.cfg.best_effort_slices)
+            if rt.sent_caps_by_node.get(nc.meid) != q:
+                _send_control(state, rt, nc, SendControl(
+                    control_id=state.next_control_id, site_id=rt.cfg.site_id, meid=nc.meid, kind="quota",
+                    payload=quota_request(nc, state.next_control_id, q, act.ue_id), envelope_sms=rt.cfg.gpu_sms,
+                    quotas=q), now, actions)
+    if not rt.lifted:
+        state.events.append((now, rt.cfg.site_id, "lift", "shaping lifted: envelope = whole GPU, caps cleared"))
+    rt.lifted = True
+    return True
+
+
+def _guard_of(policy) -> int:
     # weaver grants C - E - guard; the others size their margin into the grant itself
-    return int(getattr(rt.policy, "guard_sms", 0)) if getattr(rt.policy, "name", "") == "weaver" else 0
+    return int(getattr(policy, "guard_sms", 0)) if getattr(policy, "name", "") == "weaver" else 0
+
 
 
 def _node_quotas(rt: SiteRuntime, caps: tuple[CellCap, ...], min_ratio: int) -> dict[str, tuple[SliceQuota, ...]]:
@@ -414,32 +605,53 @@ def _caps_unchanged(sent: tuple[SliceQuota, ...] | None, new: tuple[SliceQuota, 
 def _actuate(state: LoopState, rt: SiteRuntime, now: float, envelope: int | None,
              quotas: dict[str, tuple[SliceQuota, ...]], sized: int, actions: list) -> None:
     act = state.cfg.actuation
-    busy = state.busy_nodes
     for nc in rt.nodes.values():
-        if nc.meid in busy:
+        if nc.meid in state.busy_nodes:
             continue                                  # one control in flight per node
-        cid = state.next_control_id
-        if nc.mode == "envelope" and envelope is not None:
-            sent = rt.sent_envelope
-            # Raising E (the RAN needs more) goes out at once; lowering it waits for hysteresis.
-            if sent is not None and (envelope == sent or (envelope < sent and sent - envelope < act.hysteresis_sms)):
-                continue
-            payload = envelope_request(nc, cid, envelope, act.be_delay_budget_ms, act.ue_id)
-            ctl = SendControl(control_id=cid, site_id=rt.cfg.site_id, meid=nc.meid, payload=payload,
-                              kind="envelope", envelope_sms=envelope)
+        if nc.mode == "envelope" and envelope is not None and rt.safety.nodes[nc.meid].enforced:
+            _send_envelope(state, rt, nc, envelope, now, actions, act.hysteresis_sms)
         elif nc.mode == "quota" and nc.meid in quotas:
             q = quotas[nc.meid]
             if _caps_unchanged(rt.sent_caps_by_node.get(nc.meid), q, act.caps_hysteresis_pct):
                 continue
-            payload = quota_request(nc, cid, q, act.ue_id)
-            ctl = SendControl(control_id=cid, site_id=rt.cfg.site_id, meid=nc.meid, payload=payload,
-                              kind="quota", envelope_sms=sized, quotas=q)
-        else:
-            continue
-        state.next_control_id = (state.next_control_id % 0xFFFF) + 1
-        _add_pending(state, ctl, now)
-        actions.append(ctl)
-        if ctl.kind == "envelope":
-            rt.sent_envelope = envelope
-        else:
-            rt.sent_caps_by_node[nc.meid] = ctl.quotas
+            cid = state.next_control_id
+            _send_control(state, rt, nc, SendControl(
+                control_id=cid, site_id=rt.cfg.site_id, meid=nc.meid, payload=quota_request(nc, cid, q, act.ue_id),
+                kind="quota", envelope_sms=sized, quotas=q), now, actions)
+
+
+def _send_envelope(state: LoopState, rt: SiteRuntime, nc: NodeControl, target: int, now: float, actions: list,
+                   hysteresis: int) -> None:
+    """Tightening goes out unless within hysteresis of the acknowledged value; an unknown node always
+    gets it; loosening only once the invariant allows it, else it waits (`deferred_envelope`) for the
+    agent's release or the old lease's hard end while the grant is already cut to the new value."""
+    n = rt.safety.nodes[nc.meid]
+    if n.known is not None and (target == n.known or (target < n.known and n.known - target < hysteresis)):
+        return
+    if not rt.safety.may_send_envelope(nc.meid, target, now):
+        rt.deferred_envelope = max(target, rt.deferred_envelope or 0)
+        return
+    cid = state.next_control_id
+    act = state.cfg.actuation
+    _send_control(state, rt, nc, SendControl(
+        control_id=cid, site_id=rt.cfg.site_id, meid=nc.meid, kind="envelope", envelope_sms=target,
+        payload=envelope_request(nc, cid, target, act.be_delay_budget_ms, act.ue_id)), now, actions)
+
+
+def _send_envelopes(state: LoopState, rt: SiteRuntime, now: float, target: int, actions: list) -> None:
+    """Retry a deferred looser envelope (between ticks, as soon as a release or a hard end allows)."""
+    rt.deferred_envelope = None
+    for nc in rt.nodes.values():
+        if nc.mode == "envelope" and nc.meid not in state.busy_nodes and rt.safety.nodes[nc.meid].enforced:
+            _send_envelope(state, rt, nc, target, now, actions, state.cfg.actuation.hysteresis_sms)
+
+
+def _send_control(state: LoopState, rt: SiteRuntime, nc: NodeControl, ctl: SendControl, now: float,
+                  actions: list) -> None:
+    if ctl.kind == "envelope":
+        rt.safety.control_sent(nc.meid, ctl.control_id, ctl.envelope_sms, now)
+    else:
+        rt.sent_caps_by_node[nc.meid] = ctl.quotas
+    state.next_control_id = (state.next_control_id % 0xFFFF) + 1
+    _add_pending(state, ctl, now)
+    actions.append(ctl)

@@ -18,6 +18,7 @@ from xapp.loop import (
     ControlOutcome,
     GrantLease,
     Inputs,
+    LeaseRelease,
     RevokeLease,
     SendControl,
     new_state,
@@ -61,8 +62,9 @@ def setup(c, weaver=True, ids=None):
     return st
 
 
-def run(st, t, samples=(), results=(), agents=frozenset({"s1", "s2"}), lost=frozenset()):
-    _, actions = step(st, t, Inputs(samples=tuple(samples), results=tuple(results), agents=agents, lost_nodes=lost))
+def run(st, t, samples=(), results=(), agents=frozenset({"s1", "s2"}), lost=frozenset(), releases=()):
+    _, actions = step(st, t, Inputs(samples=tuple(samples), results=tuple(results), agents=agents, lost_nodes=lost,
+                                    releases=tuple(releases)))
     return actions
 
 
@@ -120,17 +122,25 @@ def test_control_failure_and_timeout_revoke_and_hold_conservative():
     a = run(st, 0.2, [kpm("n1", 0.2), kpm("n2", 0.2)], results=[ControlOutcome(control_id=ctl1.control_id, ok=True),
                                                                ControlOutcome(control_id=ctl2.control_id, ok=True)])
     assert of(a, GrantLease, "s1") and of(a, GrantLease, "s2")
-    # s1's node now needs a bigger envelope; the control fails -> revoke now, no grant for a while
+    first = of(a, GrantLease, "s1")[0]
+    # s1's node now needs a bigger envelope: the grant shrinks at once, the looser envelope waits until
+    # the agent released the larger lease (RAN first: never both at once)
     a = run(st, 0.3, [kpm("n1", 0.3, mean=60, peak=80), kpm("n2", 0.3)])
+    shrunk = of(a, GrantLease, "s1")[0]
+    assert shrunk.sm_count < first.sm_count and not of(a, SendControl, "s1")
+    a = run(st, 0.305, releases=[LeaseRelease(site_id="s1", seq=first.seq, reason="replaced")])
     big = of(a, SendControl, "s1")[0]
-    assert big.envelope_sms > ctl1.envelope_sms          # the RAN needs more: the grant shrinks at once
-    assert of(a, GrantLease, "s1")[0].sm_count == 128 - big.envelope_sms - 8
+    assert big.envelope_sms > ctl1.envelope_sms and shrunk.sm_count == 128 - big.envelope_sms - 8
+    # the control fails -> revoke now, no grant for a while
     a = run(st, 0.31, results=[ControlOutcome(control_id=big.control_id, ok=False, cause="ricRequest/unspecified")])
     assert of(a, RevokeLease, "s1")[0].reason.startswith("control-failure")
     a = run(st, 0.4, [kpm("n1", 0.4), kpm("n2", 0.4)])
     assert not of(a, GrantLease, "s1") and of(a, GrantLease, "s2")
-    # s2: a control nobody answers times out
+    held = of(a, GrantLease, "s2")[0]
+    # s2: a control nobody answers times out (sent once the agent released the larger lease)
     a = run(st, 0.5, [kpm("n1", 0.5), kpm("n2", 0.5, mean=70, peak=90)])
+    assert not of(a, SendControl, "s2")
+    a = run(st, 0.5, releases=[LeaseRelease(site_id="s2", seq=held.seq)])
     pend = of(a, SendControl, "s2")[0]
     assert next_deadline(st) <= 0.5 + 0.3 + 1e-9
     a = run(st, 0.8, [kpm("n1", 0.8), kpm("n2", 0.8, mean=70, peak=90)])
