@@ -294,3 +294,61 @@ def test_mtls_requires_a_client_certificate(tmp_path):
     out = asyncio.run(body())
     assert out["mtls"] == "s1"
     assert out["no-client-cert"] == grpc.StatusCode.UNAVAILABLE
+
+
+def _streamer(first):
+    q: asyncio.Queue = asyncio.Queue()
+    q.put_nowait(first.SerializeToString())
+
+    async def requests():
+        while True:
+            item = await q.get()
+            if item is None:
+                return
+            yield item
+    return q, requests
+
+
+def test_release_reaches_the_loop_and_a_bogus_one_is_refused():
+    released = []
+
+    async def body(broker, call_raw, ledger):
+        broker.on_release = lambda site, seq, reason: released.append((site, seq, reason))
+        q, requests = _streamer(register())
+        call = call_raw(requests())
+        await call.read()
+        await call.read()
+        t0 = broker.now()
+        issued = broker.grant("s1", 64, "weaver", seq=5, decided_at=t0 - 0.2, basis="envelope")
+        lease = (await call.read()).lease
+        assert lease.seq == 5 and lease.basis == "envelope" and lease.lease_id == issued.lease.lease_id
+        # stamped with the decision instant, 0.2 s before it was sent: transit never extends a lease
+        assert abs(lease.sent_unix_ms / 1000 - (broker.wall() - 0.2)) < 0.1
+        q.put_nowait(lease_pb2.AgentMessage(released=lease_pb2.LeaseReleased(
+            lease_id=lease.lease_id, reason="revoked")).SerializeToString())
+        await wait_for(lambda: released)
+        assert released == [("s1", 5, "revoked")]
+        q.put_nowait(lease_pb2.AgentMessage(released=lease_pb2.LeaseReleased(
+            lease_id="s1.7.999", reason="revoked")).SerializeToString())      # never issued
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            while True:
+                await call.read()
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "released.lease_id" in err.value.details()
+        assert released == [("s1", 5, "revoked")]
+
+    run(make_cfg(), body)
+
+
+def test_a_revoke_that_cannot_be_queued_closes_the_stream():
+    async def body(broker, call_raw, ledger):
+        q, requests = _streamer(register())
+        call = call_raw(requests())
+        await call.read()
+        await call.read()
+        sess = broker.sessions["s1"]
+        while sess.push(lease_pb2.BrokerMessage(heartbeat=lease_pb2.Heartbeat(seq=1))):
+            pass                                         # the agent stopped reading: its queue is full
+        broker.revoke("s1", "stale-kpm")
+        assert "s1" not in broker.sessions               # not silently dropped: the stream is closed
+
+    run(make_cfg(), body)
