@@ -52,7 +52,7 @@ from xapp.loop import (
     SendControl,
     new_state,
     next_deadline,
-    policy_for,
+    refresh_policy,
     set_node,
     step,
 )
@@ -758,9 +758,7 @@ class XappApp:
         self.state.cfg = cfg
         for rt in self.state.sites.values():
             rt.cfg = cfg.site(rt.cfg.site_id)
-            modes = {n.mode for n in rt.nodes.values()}
-            rt.policy = policy_for(cfg, "envelope" if "envelope" in modes else "quota" if "quota" in modes
-                                   else "envelope")
+            refresh_policy(self.state, rt)       # the policy, and the guard and node roles of the invariant
         if self.broker is not None:
             before = self.broker.cross_site()
             self.broker.cfg = cfg

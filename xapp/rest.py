@@ -120,10 +120,26 @@ def site_view(x: XappApp, site_id: str) -> dict:
         "demand_mean_sms": _num(est.mean) if est else None, "demand_peak_sms": _num(est.peak) if est else None,
         "estimate_source": est.source if est else "none", "misses_reported": rt.misses,
         "kpm_age_s": ages, "fresh": v.fresh if v else False, "reason": v.reason if v else "",
+        "safety": _safety_view(rt, now),
         "agent": agent.reg.agent_id if agent else None, "usage": usage,
         "counters": {**dataclasses.asdict(x.site_tally(site_id)),
                      "sm_s_used": (x.broker.book.used_sm_ms.get(site_id, 0.0) if x.broker else 0.0) / 1000.0},
     }
+
+
+def _safety_view(rt, now: float) -> dict:
+    """What the site's grants rest on (xapp.invariant): `envelope` (enforced by every node) or
+    `forecast` (the policy's own demand bound), and the terms of the RAN-first rule right now."""
+    s = rt.safety
+    return {"basis": s.basis(), "envelope_bound_sms": s.envelope_bound(), "leased_sms_held": s.agent_sms(now),
+            "guard_sms": s.guard_sms, "slack_sms": s.slack(now), "grant_ceiling_sms": s.grant_ceiling(now),
+            "deferred_envelope_sms": rt.deferred_envelope, "lifted": rt.lifted,
+            "conservative_for_s": round(max(0.0, rt.conservative_until - now), 3),
+            "conservative_reason": rt.conservative_reason if rt.conservative_until > now else "",
+            "nodes": {m: {"enforced": n.enforced, "known_sms": n.known,
+                          "in_flight_sms": list(n.inflight.values()),
+                          "unknown_reason": n.unknown_reason if n.known is None else ""}
+                      for m, n in s.nodes.items()}}
 
 
 async def sites(request):
@@ -208,6 +224,14 @@ async def metrics(request):
     lines += [f'weaver_lease_revocations_total{{reason="{k}"}} {v}' for k, v in sorted(c.revocations.items())]
     lines += ["# TYPE weaver_agents_connected gauge",
               f"weaver_agents_connected {len(x.broker.sessions) if x.broker else 0}"]
+    lines.append("# TYPE weaver_site_grant_basis gauge")      # 1 for the basis the site's grants rest on
+    for sid, rt in x.state.sites.items():
+        basis = rt.safety.basis()
+        lines += [f'weaver_site_grant_basis{{site="{sid}",basis="{b}"}} {int(b == basis)}'
+                  for b in ("envelope", "forecast")]
+    lines.append("# TYPE weaver_site_safety_slack_sms gauge")
+    lines += [f'weaver_site_safety_slack_sms{{site="{sid}"}} {rt.safety.slack(x.now())}'
+              for sid, rt in x.state.sites.items()]
     for name in ("grant_sms", "envelope_sms", "demand_mean_sms", "kpm_age_seconds", "misses_reported"):
         lines.append(f"# TYPE weaver_site_{name} gauge")
         for sid, rt in x.state.sites.items():

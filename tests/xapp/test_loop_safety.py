@@ -107,3 +107,12 @@ def test_loosening_waits_for_the_release_and_the_hard_end_bounds_the_wait():
         sent = of(a, SendControl, "s1")
     assert sent and t >= big.decided_at + big.valid_for_s
     assert run(st, t, releases=[LeaseRelease(site_id="s1", seq=10**6)]) == []     # a bogus release: ignored
+
+
+def test_a_live_config_reload_reaches_the_invariant():
+    from xapp.app import XappApp
+
+    x = XappApp(cfg())
+    assert x.state.sites["s1"].safety.guard_sms == 8
+    assert x.apply_config(cfg(policy={"name": "weaver", "guard_sms": 24, "hold_periods": 3})) is None
+    assert x.state.sites["s1"].safety.guard_sms == 24
