@@ -657,9 +657,12 @@ def _decode_header_reference(data: bytes, version: KpmVersion, hint: str) -> Kpm
         text = body.get(asn_name)
         if text is not None and not _is_printable(text):
             raise E2DecodeError(f"{asn_name} {text[:40]!r} is not a PrintableString; {hint}", where)
-    return KpmIndicationHeader(
-        int.from_bytes(body["colletStartTime"], "big"), *(body.get(n) for n, _ in _HEADER_STRINGS)
-    )
+    try:
+        return KpmIndicationHeader(
+            int.from_bytes(body["colletStartTime"], "big"), *(body.get(n) for n, _ in _HEADER_STRINGS)
+        )
+    except ValueError as exc:  # e.g. an extended-size string the typed header does not carry
+        raise E2DecodeError(f"{exc}; {hint}", where) from None
 
 
 # ---------------------------------------------------------------------------------------------

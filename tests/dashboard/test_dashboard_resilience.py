@@ -37,7 +37,9 @@ class FlakyApi:
     def sites(self) -> list:
         now_site = {"site_id": "site-b", "gpu_sms": 132, "fresh": True, "kpm_age_s": {"gnb_b": 0.05},
                     "demand_mean_sms": 20.5, "demand_peak_sms": "lots", "grant_sms": None, "caps": "garbage",
-                    "nodes": None, "usage": {"tokens": "x", "age_s": 0.1}, "lease": [], "counters": 7}
+                    "nodes": None, "usage": {"tokens": "x", "age_s": 0.1}, "lease": [], "counters": 7,
+                    "safety": {"basis": "forecast", "slack_sms": -8, "conservative_for_s": 4.2,
+                               "conservative_reason": "deadline-miss", "lifted": False}}
         out = [now_site, "not-a-site", {"no_id": 1}, None]
         if self.phase != "vanished":
             out.insert(0, {"site_id": "site-a"})        # nothing but its name: never had KPM
@@ -128,6 +130,8 @@ async def _scenario(tmp) -> None:
         assert sorted(c) == ["site-a", "site-b"], c
         assert c["site-a"]["status"] == "waiting" and c["site-b"]["status"] == "live", c
         assert "20.5 SMs" in c["site-b"]["kv"], c["site-b"]
+        kv = c["site-b"]["kv"]        # what the grant rests on, and a conservative hold with its reason
+        assert "grant basisforecast" in kv and "-8 SMs" in kv and "deadline-miss 4.2 s" in kv, kv
         state, text = await browser.evaluate(CONN)
         assert state == "ok", text                                # a 500 on /controls is not "unreachable"
 

@@ -267,3 +267,14 @@ def test_typed_encoders_refuse_wrong_objects():
     for encode in encodes:
         with pytest.raises(e2sm.E2EncodeError):
             encode()
+
+
+def test_an_extended_size_sender_type_is_a_decode_error_not_a_value_error():
+    # hypothesis found it: asn1tools accepts senderType beyond SIZE(0..8) through the extension marker,
+    # and the typed header's constructor then raised ValueError out of the decoder
+    from e2sm import E2DecodeError
+    from e2sm.kpm import KpmVersion, decode_indication_header
+
+    raw = bytes.fromhex("0eeb1f040000000000000001676e2d73696d2d3130674e422d44550e6578616d706c65")
+    with pytest.raises(E2DecodeError, match="senderType"):
+        decode_indication_header(raw, KpmVersion.V3_00)

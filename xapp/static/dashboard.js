@@ -171,6 +171,18 @@
     host.insertBefore(card, after || null);
   }
 
+  function safetyItems(sf) {
+    // What the grant rests on (an enforced envelope, or only the policy's forecast) and the RAN-first
+    // rule's slack; a conservative hold (deadline miss, control failure) is shown with its reason.
+    if (!sf || typeof sf !== "object") return [];
+    const slack = isNum(sf.slack_sms) ? `${sf.slack_sms} SMs` : "-";
+    const hold = isNum(sf.conservative_for_s) && sf.conservative_for_s > 0
+      ? `${sf.conservative_reason || "hold"} ${fmt(sf.conservative_for_s, 1)} s` : (sf.lifted ? "lifted" : "none");
+    return [...kvItem("grant basis", String(sf.basis || "-"), sf.basis === "forecast"),
+      ...kvItem("RAN-first slack", slack, isNum(sf.slack_sms) && sf.slack_sms < 0),
+      ...kvItem("conservative", hold, isNum(sf.conservative_for_s) && sf.conservative_for_s > 0)];
+  }
+
   function kvItem(label, value, bad = false) {
     return [el("span", {}, label), el("b", bad ? { class: "bad" } : {}, value)];
   }
@@ -198,6 +210,7 @@
       ...kvItem("used", `${fmt(used, 1)} SMs`), ...kvItem("misses", fmt(v.misses_reported), isNum(v.misses_reported) && v.misses_reported > 0),
       ...kvItem("KPM age", ago(track.kpmAge()), status === "lost" || status === "stale"), ...kvItem("estimate", v.estimate_source || "-"),
       ...kvItem("agent", agent), ...kvItem("tokens/s", fmt(tokensPerS(v.usage), 0)),
+      ...safetyItems(v.safety),
     );
     const n = v.counters && typeof v.counters === "object" ? v.counters : null;
     if (n) {                   // run totals, when the xApp keeps them
