@@ -57,16 +57,7 @@ async def wait_for(pred, timeout=3.0):
 
 def test_register_welcome_lease_heartbeat_usage_revoke():
     async def body(broker, call_raw, ledger):
-        q: asyncio.Queue = asyncio.Queue()
-        q.put_nowait(register().SerializeToString())
-
-        async def requests():
-            while True:
-                item = await q.get()
-                if item is None:
-                    return
-                yield item
-
+        q, requests = _streamer(register())
         call = call_raw(requests())
         welcome = await call.read()
         assert welcome.welcome.site_id == "s1" and welcome.welcome.epoch == 7 and welcome.welcome.heartbeat_ms == 100
