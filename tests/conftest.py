@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-VECTORS = ROOT.parent / "shared" / "vectors"
+VECTORS = ROOT / "tests" / "vectors"          # carried in the repository (provenance in its README.md)
 
 
 def _venv_python(name: str) -> Path:
