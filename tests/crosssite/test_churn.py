@@ -207,8 +207,11 @@ def test_tokens_counted_exactly_once(scenario):
 
 
 def test_validation_loss_falls(scenario):
+    # per-round validation on one small batch is noisy (+-0.4 between rounds under churn): compare the
+    # second half's mean with the start rather than one last value
     vals = [r["val_loss"] for r in scenario["rounds"]["s0"] if r["committed"]]
-    assert vals[-1] < vals[0] - 0.2, vals
+    late = vals[len(vals) // 2:]
+    assert sum(late) / len(late) < vals[0] - 0.2, vals
 
 
 def test_two_worker_site_sends_one_aggregate_per_round(scenario):
