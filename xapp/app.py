@@ -50,6 +50,7 @@ from xapp.loop import (
     LeaseRelease,
     RevokeLease,
     SendControl,
+    lift_shaping,
     new_state,
     next_deadline,
     refresh_policy,
@@ -141,20 +142,10 @@ def _same_subscription(d: object, rec: SubscriptionRecord) -> bool:
     return d.get("SubscriptionId") == rec.e2_event_instance_id and d.get("Meid") == rec.meid
 
 
-class Readiness(dict):
-    """Readiness parts by name. `values()` -- what `all(...)` gates on in REST's /health/ready and the
-    appmgr registration -- leaves out the parts that are reported but must not gate: "leader". A follower
-    replica is ready; were it not, a rolling update (new replica must be ready before the old one, which
-    holds the leader lease, is stopped) would deadlock."""
-
-    REPORTED_ONLY = frozenset({"leader"})
-
-    def values(self):
-        return [v for k, v in self.items() if k not in self.REPORTED_ONLY]
-
-    @property
-    def ready(self) -> bool:
-        return all(self.values())
+# Readiness parts that are reported but do not gate /health/ready: a follower replica is ready, or a
+# rolling update (the new replica must be ready before the old one, which holds the leader lease, stops)
+# would deadlock.
+REPORTED_ONLY = frozenset({"leader"})
 
 
 class XappApp:
@@ -203,12 +194,15 @@ class XappApp:
         self.lift_ack_wait_s = 0.5             # stop(): how long the shaping lift waits for its ACKs
 
     # ------------------------------------------------------------------ readiness
-    def readiness(self) -> Readiness:
-        """Parts of readiness; "leader" is reported but does not gate it (see `Readiness`)."""
+    def readiness(self) -> dict[str, bool]:
         subs_ok = all(m in self.subscriptions for s in self.cfg.sites for m in s.nodes)
-        return Readiness(rmr=self.rmr is not None, sdl=self.store is not None and self.store.healthy(),
-                         subscriptions=subs_ok, broker=self.broker is not None and self.broker.server is not None,
-                         leader=bool(getattr(self.state, "control_leader", True)))
+        return {"rmr": self.rmr is not None, "sdl": self.store is not None and self.store.healthy(),
+                "subscriptions": subs_ok, "broker": self.broker is not None and self.broker.server is not None,
+                "leader": self.state.control_leader}
+
+    def ready(self) -> bool:
+        """What /health/ready and the appmgr registration gate on (every part but REPORTED_ONLY)."""
+        return all(v for k, v in self.readiness().items() if k not in REPORTED_ONLY)
 
     # ------------------------------------------------------------------ leadership, lease wait, control ids
     def _wait_out_leases(self, leases: list[LeaseRecord], whose: str, at_least_s: float = 0.0) -> float:
@@ -218,7 +212,7 @@ class XappApp:
         wait = max(at_least_s, 0.0 if end is None else end - self.wall())
         if wait > 0:
             nb = self.now() + wait
-            self.state.grant_not_before = max(getattr(self.state, "grant_not_before", -math.inf), nb)
+            self.state.grant_not_before = max(self.state.grant_not_before, nb)
             log.info("no grant for %.2f s: %s leases may be acted on until then", wait, whose)
         return max(0.0, wait)
 
@@ -226,7 +220,7 @@ class XappApp:
                          leases: list[LeaseRecord] | None = None) -> bool:
         """Acquire (follower) or renew (leader) the SDL leader lease; True if we hold it now. A refused
         renewal, or none accepted within the lease's lifetime, ends our leadership at once."""
-        was = bool(getattr(self.state, "control_leader", True)) and not at_start
+        was = self.state.control_leader and not at_start
         try:
             ok = (self.store.renew_leader if was else self.store.acquire_leader)(self.leader_id, LEADER_TTL_S,
                                                                                 self.wall())
@@ -246,7 +240,7 @@ class XappApp:
                         holder[0] if holder else "?")
         elif was and (ok is False or self.now() >= self.leader_until):
             self._lost_leadership("renewal refused" if ok is False else "not renewed within its lifetime")
-        return bool(getattr(self.state, "control_leader", True))
+        return self.state.control_leader
 
     def _became_leader(self, at_start: bool, leases: list[LeaseRecord]) -> None:
         self.state.control_leader = True
@@ -295,19 +289,14 @@ class XappApp:
         throttles the RAN for nobody). Waits out the leases the agents may still act on first (the
         rule: a looser envelope waits for the SMs it gives back), then up to `lift_ack_wait_s` for the
         ACKs. Returns how many were acknowledged."""
-        if self.rmr is None or not getattr(self.state, "control_leader", True):
+        if self.rmr is None or not self.state.control_leader:
             return 0                                # a follower's nodes are the leader's to control
-        try:
-            from xapp.loop import lift_shaping
-        except ImportError:
-            log.warning("shaping not lifted at shutdown: this loop has no lift_shaping")
-            return 0
         # The loop task is gone: what it would have learnt, we set. broker.stop revoked every lease, and
         # a control still in flight is overtaken by the lift behind it on the same RMR connection.
         for rt in self.state.sites.values():
             rt.grant_sms = 0
         self.state.busy_nodes.clear()
-        held = [h.hard_end for rt in self.state.sites.values() if hasattr(rt, "safety")
+        held = [h.hard_end for rt in self.state.sites.values()
                 for h in rt.safety.held(self.now())]
         if held:
             await asyncio.sleep(max(0.0, min(max(held) - self.now(),
@@ -778,7 +767,7 @@ class XappApp:
         if self.broker is not None:
             await self.broker.stop(0.5)
         await self._lift_shaping()      # after the revocations (RAN first), while RMR is still up
-        if self.store is not None and getattr(self.state, "control_leader", False):
+        if self.store is not None and self.state.control_leader:
             try:
                 self.store.release_leader(self.leader_id)
             except Exception as exc:  # noqa: BLE001 - it expires on its own within its TTL

@@ -45,7 +45,7 @@ async def register_if_configured(app, env=os.environ, attempts: int = 5) -> bool
         return False
     url, body = reg
     for _ in range(attempts):
-        if all(app.readiness().values()):
+        if app.ready():
             break
         await asyncio.sleep(2.0)
     async with aiohttp.ClientSession() as s:

@@ -56,8 +56,9 @@ async def alive(request):
 
 
 async def ready(request):
-    parts = _x(request).readiness()
-    return web.json_response({"ready": all(parts.values()), **parts}, status=200 if all(parts.values()) else 503)
+    x = _x(request)
+    ok = x.ready()
+    return web.json_response({"ready": ok, **x.readiness()}, status=200 if ok else 503)
 
 
 async def notification(request):
