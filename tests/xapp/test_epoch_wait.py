@@ -4,13 +4,12 @@ instead of starting again at 1. Against a real Redis; the wall clock is passed i
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from pathlib import Path
 
 import pytest
 from test_xapp_loop import ack_all, cfg, kpm, of, run, setup
-from xapp_harness import free_port
+from xapp_harness import standalone_controls
 
 from xapp.app import XappApp
 from xapp.config import XappConfig
@@ -23,11 +22,7 @@ WALL = 1_700_000_000.0
 
 
 def controls():
-    c = json.loads((ROOT / "descriptors" / "config-file.json").read_text())["controls"]
-    c["submgr"].update(url=f"http://127.0.0.1:{free_port()}/ric/v1", attempts=1, backoff_s=0.01)
-    c["e2"].update(discovery="static", static_nodes=[{"meid": "gnb-a", "kpm_function_id": 2}])
-    c["sdl"] = {"namespace": NS}
-    return c
+    return standalone_controls(NS)
 
 
 async def _started(**kw) -> XappApp:

@@ -5,12 +5,11 @@ compare-and-set runs as a Lua script there) and the embedded store; wall clocks 
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 import msgpack
 import pytest
-from xapp_harness import free_port, until
+from xapp_harness import standalone_controls, until
 
 from xapp.app import XappApp
 from xapp.config import XappConfig
@@ -82,11 +81,7 @@ def test_embedded_store_has_the_same_semantics(no_dbaas):
 
 
 def controls():
-    c = json.loads((ROOT / "descriptors" / "config-file.json").read_text())["controls"]
-    c["submgr"].update(url=f"http://127.0.0.1:{free_port()}/ric/v1", attempts=1, backoff_s=0.01)
-    c["e2"].update(discovery="static", static_nodes=[{"meid": "gnb-a", "kpm_function_id": 2}])
-    c["sdl"] = {"namespace": NS}
-    return c
+    return standalone_controls(NS)
 
 
 class Clock:

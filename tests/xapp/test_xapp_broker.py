@@ -97,15 +97,7 @@ def test_cpu_agent_usage_is_in_site_sms_and_agrees_with_the_counter():
     # A CPU agent with 16 cores stands in for s1's 128-SM GPU: 8 cores busy over a 100 ms window are half
     # the site GPU, 64 SMs, both in the sample's used_sms and in the per-site SM·ms counter.
     async def body(broker, call_raw, ledger):
-        q: asyncio.Queue = asyncio.Queue()
-        q.put_nowait(register(kind="cpu", sm=16, gran=1).SerializeToString())
-
-        async def requests():
-            while True:
-                item = await q.get()
-                if item is None:
-                    return
-                yield item
+        q, requests = _streamer(register(kind="cpu", sm=16, gran=1))
 
         call = call_raw(requests())
         assert (await call.read()).welcome.site_id == "s1"

@@ -23,6 +23,16 @@ ROOT = Path(__file__).resolve().parents[2]
 METHOD = "/weaver.v1.LeaseBroker/Session"
 
 
+def standalone_controls(namespace: str) -> dict:
+    """The shipped descriptor's controls for an xApp started alone in a test: one static node, a SubMgr
+    nobody answers (fast failure), its own SDL namespace."""
+    c = json.loads((ROOT / "descriptors" / "config-file.json").read_text())["controls"]
+    c["submgr"].update(url=f"http://127.0.0.1:{free_port()}/ric/v1", attempts=1, backoff_s=0.01)
+    c["e2"].update(discovery="static", static_nodes=[{"meid": "gnb-a", "kpm_function_id": 2}])
+    c["sdl"] = {"namespace": namespace}
+    return c
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
