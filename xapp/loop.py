@@ -390,7 +390,8 @@ def _between_ticks(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs
     agent has released since the tick."""
     lost = set(rt.cfg.nodes) & inputs.lost_nodes
     for m in lost:
-        if m in rt.safety.nodes and rt.safety.nodes[m].known is not None:
+        n = rt.safety.nodes.get(m)
+        if n is not None and (n.known is not None or n.inflight):
             rt.safety.node_unknown(m, "lost-node")
     if rt.grant_sms > 0:
         if not fresh(state, rt, now, inputs.lost_nodes):

@@ -139,7 +139,8 @@ def _safety_view(rt, now: float) -> dict:
             "conservative_reason": rt.conservative_reason if rt.conservative_until > now else "",
             "nodes": {m: {"enforced": n.enforced, "known_sms": n.known,
                           "in_flight_sms": list(n.inflight.values()),
-                          "unknown_reason": n.unknown_reason if n.known is None else ""}
+                          "unknown_reason": n.unknown_reason if n.known is None else "",
+                          "kpm_dropped": rt.feeds[m].dropped if m in rt.feeds else 0}
                       for m, n in s.nodes.items()}}
 
 

@@ -117,3 +117,13 @@ def test_a_live_config_reload_reaches_the_invariant():
     assert x.state.sites["s1"].safety.guard_sms == 8
     assert x.apply_config(replace(c, policy=replace(c.policy, guard_sms=24))) is None
     assert x.state.sites["s1"].safety.guard_sms == 24
+
+
+def test_a_lost_node_with_a_control_in_flight_is_unknown_and_its_late_ack_proves_nothing():
+    st = setup(cfg())
+    a = run(st, 0.1, [kpm("n1", 0.1)], agents=frozenset({"s1"}))
+    c = of(a, SendControl, "s1")[0]
+    run(st, 0.15, agents=frozenset({"s1"}), lost=frozenset({"n1"}))
+    assert not st.sites["s1"].safety.nodes["n1"].inflight
+    run(st, 0.16, results=ack_all([c]), agents=frozenset({"s1"}))
+    assert st.sites["s1"].safety.nodes["n1"].known is None
