@@ -172,7 +172,8 @@ async def series(request):
     offset = x.wall() - x.now()
     pts = [{"t": round(v.t + offset, 3), "envelope_sms": v.envelope_sms, "grant_sms": v.grant_sms,
             "demand_mean_sms": _num(v.demand_mean), "demand_peak_sms": _num(v.demand_peak), "source": v.source,
-            "fresh": v.fresh} for v in x.state.sites[sid].views if v.t >= since]
+            "fresh": v.fresh, "basis": v.basis, "slack_sms": v.slack_sms}
+           for v in x.state.sites[sid].views if v.t >= since]
     return web.json_response({"site_id": sid, "minutes": minutes, "points": pts})
 
 

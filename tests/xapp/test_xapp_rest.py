@@ -71,11 +71,15 @@ async def _rest():
             assert site["site_id"] == "site-a" and site["grant_sms"] == 0 and site["fresh"] is False
             pts = (await req("GET", "/api/v1/sites/site-a/series?minutes=1"))[1]["points"]
             assert all(p["fresh"] is False and p["grant_sms"] == 0 for p in pts)   # no KPM yet: no grants
+            # what each period's grant rests on: static discovery, no node controlled yet -> a forecast
+            assert pts and all(p["basis"] in ("envelope", "forecast") and "slack_sms" in p for p in pts)
+            assert site["safety"]["basis"] == pts[-1]["basis"] and site["safety"]["leased_sms_held"] == 0
             assert (await req("GET", "/api/v1/agents"))[1] == {"agents": [], "epoch": x.epoch}
             assert (await req("GET", "/api/v1/transfers"))[1] == {"transfers": []}
             assert (await req("GET", "/api/v1/controls"))[1] == {"controls": []}
             status, text, _ = await req("GET", "/metrics")
             assert status == 200 and "weaver_indications_total 0" in text and 'weaver_site_grant_sms{site="site-a"} 0' in text
+            assert 'weaver_site_grant_basis{site="site-a",basis="forecast"} 1' in text, text
             # the RMR health check (mtype 100) answers 101 "OK" (rmr-wire.md §10), or ERR when SDL is down
             from xapp.rmr import Mtype, RmrEndpoint, RmrMessage
             ep = await RmrEndpoint.open(0, src_id="127.0.0.1", env={})
