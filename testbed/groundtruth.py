@@ -9,17 +9,19 @@ its process's CPU time, mapped to site SMs with the broker's CPU-agent scale:
 (`cores` is the agent's `--cores`; `weaver up` starts every agent with `--cores 1`).
 
 What is read, and why (`ProcCpuSampler`):
-- per thread, `/proc/<pid>/task/<tid>/schedstat`, first field: nanoseconds on CPU (the scheduler's
-  sum_exec_runtime). Resolution is nanoseconds, which is what a 100 ms world period needs: the
-  alternative, utime + stime of `/proc/<pid>/stat`, counts clock ticks (SC_CLK_TCK, 100 Hz here), 10 ms
-  each - a tenth of a period - and is sampled statistically at the tick.
-- per-thread figures lose what a thread executed between the last sample and its exit (at most one
-  period of one short-lived thread). So `/proc/<pid>/stat` utime + stime (which keeps the time of exited
-  threads) is read at every sample too and its cumulative total is reported beside the schedstat total
-  as a cross-check (`stat_cpu_s` vs `schedstat_cpu_s`); when schedstat is unavailable (a kernel without
-  CONFIG_SCHEDSTATS) the sampler falls back to the tick counts, and says so in `source`.
+- the process's CPU-time clock (`clock_gettime` on the clock id of `clock_getcpuclockid(pid)`,
+  CPUCLOCK_SCHED): nanoseconds on CPU of every thread of the process, exited ones included - the
+  scheduler's sum_exec_runtime, the figure `/proc/<pid>/task/<tid>/schedstat` shows per thread - in one
+  system call per process and sample, with no file to list or open. Resolution is nanoseconds, which is
+  what a 100 ms world period needs: utime + stime of `/proc/<pid>/stat` counts clock ticks (SC_CLK_TCK,
+  100 Hz here), 10 ms each - a tenth of a period - sampled statistically at the tick.
+- `/proc/<pid>/stat` utime + stime is read at every sample too and its cumulative total is reported
+  beside the clock's total as an independent cross-check (`stat_cpu_s` vs `clock_cpu_s`); where the
+  clock cannot be read (not Linux) the sampler falls back to the tick counts, and says so in `source`.
 - descendants of the agent process (`/proc/<pid>/task/<tid>/children`, where the kernel has it) are
-  measured the same way and added: work the agent hands to a child process is still the agent's.
+  measured the same way and added: work the agent hands to a child process is still the agent's. The
+  process tree is walked again at most every `rescan_s` (1 s); a child found later is charged all of its
+  CPU time so far, so only what a child executed after the last walk before it exited is lost.
 
 What the number includes: everything the agent process executes - training steps inside leases, but
 also its host work outside them (the Python loop, the gRPC stream and inspect threads, idle polling,
@@ -55,22 +57,19 @@ def stat_cpu_s(pid: int) -> float | None:
     return (int(rest[11]) + int(rest[12])) / CLK_TCK  # fields 14, 15 (utime, stime)
 
 
-def thread_ns(pid: int) -> dict[int, int] | None:
-    """Nanoseconds on CPU per live thread (schedstat, first field); None if the process is gone or the
-    kernel has no schedstat."""
+def _cpu_clock_id(pid: int) -> int:
+    """The kernel's CPU-time clock of a whole process (what glibc's clock_getcpuclockid returns):
+    MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED) = (~pid << 3) | 2."""
+    return ((~pid) << 3) | 2
+
+
+def process_cpu_ns(pid: int) -> int | None:
+    """Nanoseconds on CPU of every thread of `pid`, exited threads included; None if the process is gone
+    (or the clock cannot be read here). One system call, ~0.5 us."""
     try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return time.clock_gettime_ns(_cpu_clock_id(pid))
+    except (OSError, AttributeError, OverflowError):
         return None
-    out: dict[int, int] = {}
-    for tid in tids:
-        text = _read(f"/proc/{pid}/task/{tid}/schedstat")
-        if text is None:
-            continue
-        parts = text.split()
-        if parts:
-            out[int(tid)] = int(parts[0])
-    return out or None
 
 
 def children(pid: int) -> list[int]:
@@ -87,8 +86,8 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def schedstat_available() -> bool:
-    return _read(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat") is not None
+def cpu_clock_available() -> bool:
+    return process_cpu_ns(os.getpid()) is not None
 
 
 @dataclass
@@ -96,37 +95,45 @@ class ProcCpuSampler:
     """CPU seconds executed by one process (and its descendants) between successive `sample()` calls.
 
     `sample()` returns the CPU seconds since the previous call (0.0 on the first), or None once the
-    process is gone. Cumulative totals by both sources stay readable (`schedstat_cpu_s`, `stat_cpu_s`)."""
+    process is gone. Cumulative totals by both sources stay readable (`clock_cpu_s`, `stat_cpu_s`)."""
 
     pid: int
     include_children: bool = True
+    rescan_s: float = 1.0
     source: str = field(default="", init=False)
-    schedstat_cpu_s: float = field(default=0.0, init=False)
+    clock_cpu_s: float = field(default=0.0, init=False)
     stat_cpu_s: float = field(default=0.0, init=False)
-    _last_ns: dict[tuple[int, int], int] = field(default_factory=dict, init=False, repr=False)
-    _stat0: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    _last_ns: dict[int, int] = field(default_factory=dict, init=False, repr=False)
     _stat_last: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    _pid_list: list[int] = field(default_factory=list, init=False, repr=False)
+    _scanned: float = field(default=-math.inf, init=False, repr=False)
     _started: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.source = "schedstat (ns, per thread)" if schedstat_available() else "stat utime+stime (clock ticks)"
+        self.source = ("process CPU clock (ns, every thread, exited ones included)" if cpu_clock_available()
+                       else "stat utime+stime (clock ticks)")
 
     def _pids(self) -> list[int]:
-        pids, todo = [], [self.pid]
-        while todo:
-            p = todo.pop()
-            pids.append(p)
-            if self.include_children:
+        now = time.monotonic()
+        if not self.include_children:
+            return [self.pid]
+        if now - self._scanned >= self.rescan_s:
+            self._scanned = now
+            pids, todo = [], [self.pid]
+            while todo:
+                p = todo.pop()
+                pids.append(p)
                 todo.extend(children(p))
-        return pids
+            self._pid_list = pids
+        return self._pid_list
 
     def sample(self) -> float | None:
         if not os.path.exists(f"/proc/{self.pid}"):
             return None
-        use_ns = self.source.startswith("schedstat")
+        use_ns = self.source.startswith("process CPU clock")
         delta_ns = 0
         delta_stat = 0.0
-        seen: dict[tuple[int, int], int] = {}
+        seen: dict[int, int] = {}
         for p in self._pids():
             s = stat_cpu_s(p)
             if s is not None:
@@ -137,22 +144,22 @@ class ProcCpuSampler:
                     delta_stat += s
                 self._stat_last[p] = s
             if use_ns:
-                per = thread_ns(p)
-                for tid, ns in (per or {}).items():
-                    key = (p, tid)
-                    seen[key] = ns
-                    prev_ns = self._last_ns.get(key)
-                    if prev_ns is not None:
-                        delta_ns += max(ns - prev_ns, 0)
-                    elif self._started:  # a thread born since the last sample: count all of it
-                        delta_ns += ns
+                ns = process_cpu_ns(p)
+                if ns is None:
+                    continue
+                seen[p] = ns
+                prev_ns = self._last_ns.get(p)
+                if prev_ns is not None:
+                    delta_ns += max(ns - prev_ns, 0)
+                elif self._started:  # a child found since the last sample: count all of it
+                    delta_ns += ns
         if use_ns:
             self._last_ns = seen
         if not self._started:
             self._started = True
             return 0.0
         self.stat_cpu_s += delta_stat
-        self.schedstat_cpu_s += delta_ns / 1e9
+        self.clock_cpu_s += delta_ns / 1e9
         return delta_ns / 1e9 if use_ns else delta_stat
 
 
@@ -214,21 +221,12 @@ class AgentTruth:
     gone: bool = False
     prev_lease_sms: float = 0.0
     startup_cpu_s: float = 0.0   # before the world's first period (model build, warm-up): charged to no slot
-    series: list = field(default_factory=list)   # (t_monotonic, executed_sms, lease_sms_held)
 
     def __post_init__(self) -> None:
         self.sampler = ProcCpuSampler(self.pid)
         self.sampler.sample()
 
-    def rebind(self, pid: int) -> None:
-        """The agent process was replaced (restart): measure the new one from now on."""
-        self.pid = pid
-        self.sampler = ProcCpuSampler(pid)
-        self.sampler.sample()
-        self.gone = False
-
-    def period(self, period_s: float, lease_sms: float, connected: bool, now: float | None = None,
-               cpu: float | None | bool = False) -> float:
+    def period(self, period_s: float, lease_sms: float, connected: bool, cpu: float | None | bool = False) -> float:
         """Sample one world period of `period_s` wall seconds (the time since the last sample); returns
         the executed site SMs over it (unclamped: a multi-threaded agent may exceed the site GPU).
 
@@ -254,9 +252,6 @@ class AgentTruth:
         self.beyond_lease_sms_max = max(self.beyond_lease_sms_max, beyond)
         self.idle.observe(sms, held, connected)
         self.last_sms = sms
-        self.series.append((time.monotonic() if now is None else now, sms, held))
-        if len(self.series) > 20000:
-            del self.series[:10000]
         return sms
 
     def summary(self) -> dict:
@@ -266,7 +261,7 @@ class AgentTruth:
             "cores": self.cores,
             "cpu_s": self.cpu_s,
             "startup_cpu_s": self.startup_cpu_s,
-            "schedstat_cpu_s": self.sampler.schedstat_cpu_s,
+            "clock_cpu_s": self.sampler.clock_cpu_s,
             "stat_cpu_s": self.sampler.stat_cpu_s,
             "sm_seconds_executed": self.executed_sm_s,
             "idle_baseline_sms_median": self.idle.median(),

@@ -482,7 +482,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             for a in agents:  # what each agent process really executed is what the RAN must live with
                 reported[a.site] = float(a.last.get("lease_sms", 0) or 0)
                 truth = truths[a.site]
-                sms = (truth.period(dt, reported[a.site], bool(a.last.get("connected")), now, cpu=cpu[a.site])
+                sms = (truth.period(dt, reported[a.site], bool(a.last.get("connected")), cpu=cpu[a.site])
                        if fresh else truth.last_sms)
                 # the model takes at most the site's GPU (a multi-threaded agent can exceed one core's worth);
                 # the unclamped figure is what sm_seconds_executed and sm_ms_beyond_lease count
@@ -649,7 +649,7 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
 
 GROUND_TRUTH_NOTE = (
     "sm_seconds_executed and deadline_misses_attributable_to_training come from each agent process's CPU time "
-    "(/proc schedstat per thread, ns), at gpu_sms / cores site SMs per core; it includes the agent's host work "
+    "(the process CPU clock, ns, every thread), at gpu_sms / cores site SMs per core; it includes the agent's host work "
     "outside leases (Python loop, gRPC threads, idle polling), reported as ground_truth.idle_baseline_*, "
     "never subtracted; its start-up (model build, warm-up) before it connects precedes the world's first period "
     "and is reported as ground_truth.startup_cpu_s. sm_seconds_held_by_agent is the lease the agent reported holding; sm_ms_beyond_lease "
