@@ -33,8 +33,12 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
+from array import array
 from dataclasses import dataclass, field
+
+import numpy as np
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -275,3 +279,115 @@ class AgentTruth:
             "sms_beyond_lease_max": self.beyond_lease_sms_max,
             "periods_beyond_lease": self.periods_beyond_lease,
         }
+
+
+class CpuTrace(threading.Thread):
+    """Each process's CPU clock every `interval_s` (2 ms), beside the wall time it was read at: the
+    platform's fine record of when an agent works and when it stops (`weaver bench safety`'s revoke /
+    expiry -> idle), far below the world's 100 ms period.
+
+    One `clock_gettime` per process and tick (~0.5 us) in a daemon thread of its own: no file is opened.
+    Its cost is measured, not guessed (`overhead()`: the thread's own CPU time per wall second), and so is
+    the resolution it really got (the gaps between samples: the thread waits for the GIL while the world's
+    loop holds it, up to the interpreter's 5 ms switch interval). Descendants of a process are not traced
+    (`ProcCpuSampler` adds them per period). Bounded: at most `max_samples` per process, then it stops
+    recording and says so (`truncated`)."""
+
+    def __init__(self, pids: dict, interval_s: float = 0.002, max_samples: int = 600_000) -> None:
+        super().__init__(daemon=True, name="cpu-trace")
+        if interval_s <= 0:
+            raise ValueError("interval_s must be positive")
+        self.pids = dict(pids)                      # key (e.g. site) -> pid
+        self.interval_s = interval_s
+        self.max_samples = max_samples
+        self.t = {k: array("d") for k in self.pids}   # unix seconds
+        self.ns = {k: array("q") for k in self.pids}  # the process's CPU clock, ns (-1: gone)
+        self.truncated = False
+        self._halt = threading.Event()
+        self._t0 = self._t1 = 0.0
+        self._cpu_s = 0.0
+
+    def run(self) -> None:
+        clock = time.pthread_getcpuclockid(threading.get_ident())
+        self._t0 = time.time()
+        items = [(self.t[k], self.ns[k], _cpu_clock_id(pid)) for k, pid in self.pids.items()]
+        nxt = time.monotonic()
+        while not self._halt.is_set():
+            for ts, ns, clk in items:
+                try:
+                    v = time.clock_gettime_ns(clk)
+                except OSError:
+                    v = -1
+                ts.append(time.time())
+                ns.append(v)
+            if len(items[0][0]) >= self.max_samples if items else True:
+                self.truncated = bool(items)
+                break
+            nxt += self.interval_s
+            wait = nxt - time.monotonic()
+            if wait < 0:        # fell behind (GIL, scheduler): sample at once, keep the pace from now
+                nxt, wait = time.monotonic(), 0.0
+            self._halt.wait(wait)
+        self._t1 = time.time()
+        self._cpu_s = time.clock_gettime(clock)
+
+    def stop(self) -> None:
+        self._halt.set()
+        if self.is_alive():
+            self.join(2.0)
+
+    def series(self, key) -> tuple[np.ndarray, np.ndarray]:
+        """(unix seconds, cumulative CPU seconds) of one process, the samples after it was gone dropped."""
+        t = np.frombuffer(self.t[key], dtype=float).copy()
+        ns = np.frombuffer(self.ns[key], dtype=np.int64).copy()
+        ok = ns >= 0
+        return t[ok], ns[ok] / 1e9
+
+    def overhead(self) -> dict:
+        """What tracing cost and the resolution it got (self-describing keys)."""
+        wall = max(self._t1 - self._t0, 1e-9)
+        gaps = [np.diff(np.frombuffer(a, dtype=float)) for a in self.t.values() if len(a) > 1]
+        g = np.concatenate(gaps) * 1000.0 if gaps else np.array([math.nan])
+        n = sum(len(a) for a in self.t.values())
+        return {"interval_ms": self.interval_s * 1000.0, "processes": len(self.pids), "samples": n,
+                "wall_s": wall if self._t1 else 0.0, "thread_cpu_s": self._cpu_s,
+                "thread_cpu_fraction_of_one_core": self._cpu_s / wall if self._t1 else math.nan,
+                "cpu_us_per_sample": self._cpu_s / n * 1e6 if n else math.nan,
+                "sample_gap_ms_p50": float(np.percentile(g, 50)), "sample_gap_ms_p99": float(np.percentile(g, 99)),
+                "sample_gap_ms_max": float(np.max(g)), "truncated": self.truncated}
+
+
+def window_rates(t: np.ndarray, cpu_s: np.ndarray, window_s: float) -> np.ndarray:
+    """Per sample i of a `CpuTrace` series: the CPU rate (cores) over the window from it to the first
+    sample at least `window_s` later; inf where the trace ends before that."""
+    n = len(t)
+    j = np.searchsorted(t, t + window_s, side="left")
+    ok = j < n
+    jj = np.minimum(j, n - 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = (cpu_s[jj] - cpu_s) / (t[jj] - t)
+    return np.where(ok, r, np.inf)
+
+
+def idle_from(t: np.ndarray, cpu_s: np.ndarray, after: float, threshold_cores: float, window_s: float = 0.01,
+              hold_s: float = 0.1, until: float = math.inf, rates: np.ndarray | None = None) -> float | None:
+    """The first instant at or after `after` from which the process is idle, from a `CpuTrace` series:
+    the start of the first sample window of `window_s` whose CPU rate is at most `threshold_cores`, every
+    window starting in the next `hold_s` being so too (a gap between two pieces of work, e.g. a duty
+    cycle's off time inside a period, is not idle), that span cut at `until` (a new lease: from then on
+    it may work again). The search starts at the last sample at or before `after`, so a process already
+    idle then is idle at `after` itself. None if it never is (before `until` and the trace's end).
+    `rates`: `window_rates(t, cpu_s, window_s)`, when the caller has it already."""
+    n = len(t)
+    if n < 2:
+        return None
+    r = window_rates(t, cpu_s, window_s) if rates is None else rates
+    loud = np.concatenate(([0], np.cumsum(r > threshold_cores)))   # loud windows among the first k samples
+    i = max(int(np.searchsorted(t, after, side="right")) - 1, 0)
+    while i < n and t[i] <= until:
+        if r[i] <= threshold_cores:
+            last = max(int(np.searchsorted(t, min(t[i] + hold_s, until) - window_s, side="right")) - 1, i)
+            if loud[last + 1] - loud[i] == 0:
+                return max(float(t[i]), after)
+        i += 1
+    return None

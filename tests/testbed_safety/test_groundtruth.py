@@ -5,9 +5,19 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
-from testbed.groundtruth import AgentTruth, IdleBaseline, ProcCpuSampler, site_sms, stat_cpu_s
+from testbed.groundtruth import (
+    AgentTruth,
+    CpuTrace,
+    IdleBaseline,
+    ProcCpuSampler,
+    idle_from,
+    site_sms,
+    stat_cpu_s,
+    window_rates,
+)
 
 SPIN = """
 import sys, time
@@ -117,3 +127,54 @@ def test_idle_baseline_waits_for_the_lease_tail():
     for sms, lease in [(50, 40), (30, 0), (20, 0), (1, 0), (2, 0), (60, 40), (3, 0)]:
         b.observe(sms, lease, True)
     assert b.samples == [1, 2]
+
+
+SPIN_THEN_SLEEP = """
+import sys, time
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+sys.stdin.readline()
+t0 = time.process_time()
+while time.process_time() - t0 < {burn}:
+    pass
+stop = time.time()
+time.sleep({rest})
+sys.stdout.write(repr(stop) + "\\n"); sys.stdout.flush()
+sys.stdin.readline()
+"""
+
+
+def test_cpu_trace_finds_the_instant_a_real_process_stops_working():
+    """A child spins 0.3 s of CPU, then sleeps: the idle instant found in the 2 ms trace of its CPU clock
+    is within a few ms of the instant it really stopped (it says so itself, on the same wall clock)."""
+    p = _child(SPIN_THEN_SLEEP.format(burn=0.3, rest=0.4))
+    trace = CpuTrace({0: p.pid}, interval_s=0.002)
+    try:
+        trace.start()
+        time.sleep(0.1)
+        started = time.time()
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        stop = float(p.stdout.readline())
+    finally:
+        trace.stop()
+        _finish(p)
+    t, cpu = trace.series(0)
+    assert cpu[-1] - cpu[0] >= 0.29
+    busy = idle_from(t, cpu, started + 0.05, threshold_cores=0.05)  # mid-spin: idle only once it stops
+    assert busy is not None and abs(busy - stop) <= 0.006, (busy - stop)
+    assert idle_from(t, cpu, stop + 0.1, threshold_cores=0.05) == stop + 0.1  # already idle: at once
+    assert idle_from(t, cpu, started + 0.05, threshold_cores=0.05, until=stop - 0.05) is None
+    o = trace.overhead()
+    assert o["samples"] == len(t) and o["thread_cpu_s"] > 0 and o["sample_gap_ms_p50"] >= 1.0
+    assert not o["truncated"]
+
+
+def test_idle_needs_the_quiet_to_hold():
+    # 1 ms samples: busy to 0.05, a 30 ms gap, busy again 0.08-0.12, then quiet: the gap is not idle
+    t = np.arange(0.0, 0.4, 0.001)
+    busy = ((t < 0.05) | ((t >= 0.08) & (t < 0.12))).astype(float)
+    cpu = np.concatenate(([0.0], np.cumsum(busy[:-1] * 0.001)))
+    assert idle_from(t, cpu, 0.0, threshold_cores=0.05, window_s=0.01, hold_s=0.1) == pytest.approx(0.12)
+    assert idle_from(t, cpu, 0.0, threshold_cores=0.05, window_s=0.01, hold_s=0.02) == pytest.approx(0.05)
+    rates = window_rates(t, cpu, 0.01)
+    assert rates[0] == pytest.approx(1.0) and rates[200] == 0.0 and np.isinf(rates[-1])
