@@ -64,7 +64,7 @@ def run_arm(name: str, enforcer_cfg: EnforcerConfig, trace, args) -> dict:
     for _ in range(3):                       # warm-up outside the trace (allocator, kernel choice)
         trainer.micro_batch(4)
     trainer.discard_pending()
-    gc.freeze()     # see SiteAgent.warm_up: a full collection over torch's import-time heap took up to 150 ms
+    gc.freeze()     # see SiteAgent._warm_up: a full collection over torch's import-time heap took up to 150 ms
     reports, i, next_lease = [], 0, clock()
     slowdowns, cut = [], 0        # measured / predicted time of each planned launch; launches of cut samples
     t_start, tokens0 = clock(), trainer.tokens_seen

@@ -9,8 +9,9 @@ else happens on the caller's thread in `run()`, one loop that reads top to botto
     closed windows -> UsageReport to the broker, lease history, mode controller
     maybe validate / checkpoint / switch mode
 
-Validation runs as leased work too (forward-only chunks sized like micro-batches), so nothing but
-host-side bookkeeping and checkpoint writes happens outside a lease.
+Validation runs as leased work too (forward-only chunks sized like micro-batches), and so does the
+warm-up (the first launch of the first lease), so nothing but host-side bookkeeping and checkpoint
+writes happens outside a lease.
 """
 from __future__ import annotations
 
@@ -101,6 +102,7 @@ class SiteAgent:
         self.refused: dict[str, int] = {}      # leases refused, by reason
         self._busy_until = -math.inf           # agent clock when the last leased work ended
         self._held: LeaseTerms | None = None   # the newest lease adopted and not yet released
+        self._warmed = False                   # the throw-away warm-up micro-batch has run (_warm_up)
         self._lock = threading.Lock()
         self._ckpt_requests: list[tuple[threading.Event, list]] = []
         self._threads = 0
@@ -169,25 +171,34 @@ class SiteAgent:
             log.info("resumed from %s (step %d)", info.path, info.step)
         return info
 
-    def warm_up(self) -> None:
-        """One throw-away micro-batch before any lease: first calls pay one-off costs (allocator,
-        kernel selection, CUDA context) that would otherwise land as an overrun in the first lease
-        and poison the step-time fit. Gradients are discarded; the data position is restored."""
+    def _warm_up(self) -> float:
+        """One throw-away micro-batch of one sample, the agent's first training work: first calls pay
+        one-off costs (allocator, kernel selection, lazy CUDA/cuBLAS init) that would otherwise land in
+        the step-time fit as a 2-3x outlier. Gradients are discarded; the data position is restored.
+        Returns its CPU seconds.
+
+        It is training work like any other, so it runs where training runs, never before a lease: in
+        the leased-device modes as the first launch of the first lease (`_launch`: planned by the
+        enforcer, accounted with `record_other`, kept out of the fit), on a GPU and on a CPU-only site
+        alike (there the leased cores are the DU's); in the fallback modes as the first fallback
+        iteration, on the fallback cores and CPU tensors, which need no lease. Nothing trained before
+        it, so no pending gradient is lost."""
         t = self.trainer
         pos, tokens = t.samples_seen, t.tokens_seen
-        t.micro_batch(1)
+        cpu_s = t.micro_batch(1).cpu_s
         t.discard_pending()
         t.samples_seen, t.tokens_seen = pos, tokens
+        self._warmed = True
         # Move everything alive now (torch's import-time heap, the model, the corpus: ~280 k objects)
         # out of the cyclic GC's reach. A full collection over it took up to 150 ms and, landing inside
         # a micro-batch, was the overrun tail (`weaver bench agent`: launches at 2-3x their prediction).
         gc.freeze()
+        return cpu_s
 
     def run(self, max_seconds: float | None = None) -> None:
         if self.resume() is None and self.config.train.eval_every:
             # a fresh run validates the untrained model first, so the loss curve has its true start
             self._evaluating, self._eval_sum = self.config.train.eval_samples, 0.0
-        self.warm_up()
         self.client.start()
         deadline = None if max_seconds is None else self.clock() + max_seconds
         next_mode_eval = self.clock() + MODE_EVERY_S
@@ -237,12 +248,17 @@ class SiteAgent:
 
     def _launch(self, d: Launch) -> None:
         t0 = self.clock()
-        if self._evaluating:
-            # forward-only is ~1/3 the cost of a training sample; full-length samples, so a tail-filling
-            # launch (fraction < 1) evaluates proportionally fewer
-            cpu = self._eval_chunk(min(self._evaluating, max(1, math.floor(3 * d.size * d.fraction))))
+        if not self._warmed or self._evaluating:
+            # Leased work outside the step-time fit: the warm-up (one sample, at most the planned launch)
+            # first, then validation. Forward-only is ~1/3 the cost of a training sample; full-length
+            # samples, so a tail-filling launch (fraction < 1) evaluates proportionally fewer.
+            if not self._warmed:
+                kind, cpu = "warm-up", self._warm_up()
+            else:
+                n = min(self._evaluating, max(1, math.floor(3 * d.size * d.fraction)))
+                kind, cpu = "eval", self._eval_chunk(n)
             t1 = self.clock()
-            self.work_log.append((t0, t1, "eval"))
+            self.work_log.append((t0, t1, kind))
             with self._lock:
                 self.enforcer.record_other(t0, t1, cpu)
         else:
@@ -254,6 +270,9 @@ class SiteAgent:
     def _fallback_iteration(self) -> None:
         """Unleased CPU training on the fallback cores (one thread unless configured)."""
         self._use_threads(max(1, self.config.train.threads or 1))
+        if not self._warmed:
+            self._warm_up()
+            return
         if self._evaluating:
             self._eval_chunk(min(self._evaluating, 64))
             return

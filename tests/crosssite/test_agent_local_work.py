@@ -22,6 +22,8 @@ def _agent(tmp_path) -> CrossSiteAgent:
                   train=replace(cfg.train, eval_every=0, checkpoint_every=0))
     agent = CrossSiteAgent(cfg, device=cpu_facts(1))
     agent.enforcer.on_lease(LeaseTerms("L1", 1, 0.1, 60.0, 1.0, agent.clock()))
+    agent._leased_iteration()       # the lease's first launch is the warm-up: the tests script what follows
+    assert [kind for _, _, kind in agent.work_log] == ["warm-up"]
     return agent
 
 
