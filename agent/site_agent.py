@@ -30,6 +30,7 @@ from agent.checkpoint import CheckpointInfo, CheckpointStore
 from agent.config import AgentConfig
 from agent.enforcer import (
     EXPIRED,
+    PERIOD,
     REPLACED,
     REVOKED,
     BudgetEnforcer,
@@ -93,7 +94,7 @@ class SiteAgent:
         self.client = LeaseClient(config.lease, self.device, mode=self.modes.mode)
         self.mode_reason = "" if self.modes.mode == config.modes.mode else "leased device unusable"
         self.history: deque[LeaseRecord] = deque(maxlen=256)
-        self._records: dict[str, LeaseRecord] = {}
+        self._records: dict[str, LeaseRecord] = {}   # the adopted leases in `history`, by id
         self.last_checkpoint: CheckpointInfo | None = None
         self.stop_event = threading.Event()
         self.window_reports: deque[WindowReport] = deque(maxlen=1024)
@@ -381,8 +382,12 @@ class SiteAgent:
             return
         t = self._effective_terms(terms)
         if self.enforcer.on_lease(t):
-            self._records[t.lease_id] = rec = LeaseRecord(t.lease_id, t.sm_count, int(time.time() * 1e3))
-            self.history.append(rec)
+            last = next(reversed(self._records.values()), None)   # the lease adopted before
+            if last is None or last.lease_id != t.lease_id:
+                if last is not None and last.end == "active":
+                    last.end = REPLACED            # the newest lease replaces it at receipt
+                self._records[t.lease_id] = self._remember(LeaseRecord(t.lease_id, t.sm_count,
+                                                                       int(time.time() * 1e3)))
             self.modes.observe_lease(t.received_at, t.duty * t.sm_count / max(1, self.device.sm_count))
             if self._held is not None and self._held.lease_id != t.lease_id:
                 # Events are handled between launches: whatever ran under the old lease has returned,
@@ -397,11 +402,20 @@ class SiteAgent:
         if not self.enforcer.on_refused(terms, reason):
             return   # stale: a newer lease was already seen, and its fate covers this one
         self.refused[reason] = self.refused.get(reason, 0) + 1
-        rec = LeaseRecord(terms.lease_id, terms.sm_count, int(time.time() * 1e3), end="refused")
-        self.history.append(rec)
+        self._remember(LeaseRecord(terms.lease_id, terms.sm_count, int(time.time() * 1e3), end="refused"))
         log.warning("lease %s (%d units) refused: %s", terms.lease_id, terms.sm_count, reason)
         self._settle()
         self._release(terms.lease_id, reason, terms.received_at, held_sm_count=0)
+
+    def _remember(self, rec: LeaseRecord) -> LeaseRecord:
+        """Append to the bounded history; the record it pushes out leaves `_records` too (one lease a
+        period: an unbounded map would grow for as long as the agent runs)."""
+        if len(self.history) == self.history.maxlen:
+            old = self.history[0]
+            if self._records.get(old.lease_id) is old:
+                del self._records[old.lease_id]
+        self.history.append(rec)
+        return rec
 
     def _held_units(self, t: LeaseTerms) -> int:
         """Units of the partition leased work runs in under `t`: 0 when it runs none there (an empty
@@ -465,10 +479,8 @@ class SiteAgent:
                     rec.granted_ms += r.granted_s * 1e3 * units
                     rec.used_ms += used_ms
                     rec.overrun_ms = max(rec.overrun_ms, r.overrun_s * 1e3)
-                    rec.end = "active" if r.end == "period" else r.end
-                    for old in self._records.values():
-                        if old is not rec and old.end == "active":
-                            old.end = "replaced"
+                    if r.end != PERIOD:
+                        rec.end = r.end
                 self.modes.observe_overrun(self.clock(), r.overrun_s * 1e3)
             self.client.send_usage(lease_pb2.UsageReport(
                 lease_id=r.lease_id, sm_ms_used=used_ms, sm_ms_granted=r.granted_s * 1e3 * units,

@@ -135,3 +135,22 @@ def test_releases_reach_the_broker_for_replacement_revocation_and_shutdown(tmp_p
     assert not thread.is_alive()
     last = broker.released()[-1]
     assert (last.lease_id, last.reason, last.held_sm_count) == ("C", "shutdown", 0)
+
+
+def test_the_lease_history_stays_bounded_and_each_lease_ends_once(tmp_path):
+    agent, clock, sent = _agent(tmp_path)
+    keep = agent.history.maxlen
+    for seq in range(1, keep + 51):              # one lease a period, each replacing the one before
+        agent._handle([LeaseGranted(lease(f"L{seq}", seq, clock.t))])
+        clock.t += 0.1
+        agent._publish(agent.enforcer.close_windows(clock.t))
+    assert len(agent.history) == keep and len(agent._records) == keep      # what is shown is what is kept
+    assert [r.end for r in agent.history] == ["replaced"] * (keep - 1) + ["active"]
+    assert len(sent) == keep + 49
+    # a window of X that closes only when Y arrives is reported after Y was adopted: X stays replaced
+    agent._handle([LeaseGranted(lease("X", keep + 51, clock.t))])
+    clock.t += 0.15
+    agent._handle([LeaseGranted(lease("Y", keep + 52, clock.t))])
+    agent._publish(agent.enforcer.close_windows(clock.t))
+    assert [(r.lease_id, r.end) for r in list(agent.history)[-2:]] == [("X", "replaced"), ("Y", "active")]
+    assert agent.leases(2)[0].granted_ms > 0
