@@ -211,9 +211,7 @@ class SiteAgent:
                     self._leased_iteration()
                 else:
                     self._fallback_iteration()
-                with self._lock:
-                    closed = self.enforcer.close_windows(self.clock())
-                self._publish(closed)
+                self._report_closed()
                 if self.clock() >= next_mode_eval:
                     next_mode_eval = self.clock() + MODE_EVERY_S
                     self._evaluate_mode()
@@ -463,6 +461,12 @@ class SiteAgent:
         if t.sm_count == 0 or units == 0 or units >= self.device.sm_count:
             return t
         return replace(t, duty=min(1.0, t.duty * self.device.sm_count / units))
+
+    def _report_closed(self) -> None:
+        """Publish every window closed by now (period ends, expiries, lease events)."""
+        with self._lock:
+            closed = self.enforcer.close_windows(self.clock())
+        self._publish(closed)
 
     def _publish(self, reports: list[WindowReport]) -> None:
         for r in reports:

@@ -208,9 +208,7 @@ class CrossSiteAgent(SiteAgent):
                     super()._leased_iteration()
                 else:
                     super()._fallback_iteration()
-                with self._lock:
-                    closed = self.enforcer.close_windows(self.clock())
-                self._publish(closed)
+                self._report_closed()
             # What arrived during the last launch (a revoke, a replacement) is acknowledged now, not
             # after the round's collectives, which may block for seconds.
             self._handle(self.client.poll(0.0))
@@ -234,9 +232,7 @@ class CrossSiteAgent(SiteAgent):
         end = self.clock() + seconds
         while (left := end - self.clock()) > 0:
             self._handle(self.client.poll(min(left, IDLE_TICK_S)))
-            with self._lock:
-                closed = self.enforcer.close_windows(self.clock())
-            self._publish(closed)
+            self._report_closed()
 
     def _on_round(self, rec: RoundRecord) -> None:
         self.rounds.append(rec)
