@@ -185,6 +185,7 @@ class Targets:
     proxies: dict = field(default_factory=dict)    # site -> testbed.tcpproxy.TcpProxy
     supervisor: object | None = None               # testbed.procs.Supervisor
     xapp_ready: object | None = None               # async callable: wait until a restarted xApp is ready
+    before_xapp_kill: object | None = None         # async callable: read what the xApp knows before it is lost
     agent_devices: object | None = None            # callable -> {site: device string} (AgentInspect)
 
 
@@ -331,6 +332,8 @@ class FaultInjector:
     async def _xapp_kill(self, f: XappKill, entry: dict) -> None:
         sup = self._need("supervisor")
         old = sup.get("xapp").proc.pid
+        if self.targets.before_xapp_kill is not None:
+            await self.targets.before_xapp_kill()
         await asyncio.to_thread(sup.kill, "xapp")
         if f.down_s > 0:
             await asyncio.sleep(f.down_s)

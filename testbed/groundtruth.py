@@ -370,19 +370,22 @@ def window_rates(t: np.ndarray, cpu_s: np.ndarray, window_s: float) -> np.ndarra
 
 
 def idle_from(t: np.ndarray, cpu_s: np.ndarray, after: float, threshold_cores: float, window_s: float = 0.01,
-              hold_s: float = 0.1, until: float = math.inf, rates: np.ndarray | None = None) -> float | None:
+              hold_s: float = 0.1, until: float = math.inf, rates: np.ndarray | None = None,
+              hold_threshold_cores: float | None = None) -> float | None:
     """The first instant at or after `after` from which the process is idle, from a `CpuTrace` series:
-    the start of the first sample window of `window_s` whose CPU rate is at most `threshold_cores`, every
-    window starting in the next `hold_s` being so too (a gap between two pieces of work, e.g. a duty
-    cycle's off time inside a period, is not idle), that span cut at `until` (a new lease: from then on
-    it may work again). The search starts at the last sample at or before `after`, so a process already
-    idle then is idle at `after` itself. None if it never is (before `until` and the trace's end).
+    the start of the first sample window of `window_s` whose CPU rate is at most `threshold_cores` (back
+    at its idle baseline), no window starting in the next `hold_s` being above `hold_threshold_cores`
+    (default: the same; work resumed after a gap, e.g. a duty cycle's off time inside a period, is not
+    idle, where a short burst of host work need not be), that span cut at `until` (a new lease: from then
+    on it may work again). The search starts at the last sample at or before `after`, so a process
+    already idle then is idle at `after` itself. None if it never is (before `until` and the trace's end).
     `rates`: `window_rates(t, cpu_s, window_s)`, when the caller has it already."""
     n = len(t)
     if n < 2:
         return None
     r = window_rates(t, cpu_s, window_s) if rates is None else rates
-    loud = np.concatenate(([0], np.cumsum(r > threshold_cores)))   # loud windows among the first k samples
+    hold_thr = threshold_cores if hold_threshold_cores is None else hold_threshold_cores
+    loud = np.concatenate(([0], np.cumsum(r > hold_thr)))   # windows above hold_thr among the first k samples
     i = max(int(np.searchsorted(t, after, side="right")) - 1, 0)
     while i < n and t[i] <= until:
         if r[i] <= threshold_cores:

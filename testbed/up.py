@@ -46,7 +46,7 @@ import numpy as np
 from testbed.cli import agent_python
 from testbed.e2node.functions import kpm_oid
 from testbed.faults import DEFAULT_AT_S, Fault, FaultInjector, Targets, agent_env, check_sites
-from testbed.groundtruth import AgentTruth
+from testbed.groundtruth import AgentTruth, CpuTrace
 from testbed.model import CellConfig, Scenario, SiteConfig
 from testbed.procs import ChildFailed, Supervisor
 
@@ -175,7 +175,8 @@ class World:
         self.gran = np.array([s.granularity for s in sim.model.scenario.sites], dtype=float)
         self.truths: list[AgentTruth] = []
         self.series: list = []  # (t_unix, site, executed SMs, reported lease SMs, lease id, hard end, dt, valid for)
-        self.lease_watch: LeaseWatch | None = None
+        self.xapp_views: XappViews | None = None
+        self.cpu_trace: CpuTrace | None = None
         self.injector: FaultInjector | None = None
         self.probe_end_unix: float | None = None
         self.last_misses_training = np.zeros(n, dtype=int)
@@ -319,36 +320,35 @@ def _fmt_line(elapsed: float, duration: float | None, world: World, agents: list
 
 
 @dataclass
-class LeaseWatch:
-    """The xApp's own view of each site's lease (`/api/v1/sites`), polled once a world period in the
-    background (`weaver bench safety`): when it revokes, from its side. (t_unix, site, sm_count) per change."""
+class XappViews:
+    """The xApp's own record of its decisions (`/api/v1/sites/{site}/series`: per decision, its instant
+    on the xApp's clock, to 1 ms, and the grant), read when it matters instead of polled: at the end of
+    the run and just before a fault kills the xApp (one snapshot per xApp instance). A revoke is the first
+    decision with no grant after one with a grant; an instance's decisions with a grant issue consecutive
+    lease seqs, the last of them the lease the xApp holds out when the snapshot is read (`lease_seq`,
+    read before and after the series, equal), so seq k was issued at the (k - lease_seq + n)-th of its n
+    grants, stamped with that instant: its hard end is that + valid_for. (`weaver bench safety`)"""
 
     rest: str
-    period_s: float
-    current: dict = field(default_factory=dict)
-    changes: list = field(default_factory=list)
-    polls: int = 0
-    failures: int = 0
+    instances: list = field(default_factory=list)   # {"epoch", "sites": {site_id: {"views", "lease_seq"}}}
+    failures: list = field(default_factory=list)
 
-    async def run(self) -> None:
-        import aiohttp
-
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=max(self.period_s * 3, 0.3))) as s:
-            while True:
-                t = time.time()
-                try:
-                    async with s.get(f"{self.rest}/api/v1/sites") as r:
-                        sites = (await r.json())["sites"]
-                    self.polls += 1
-                    for x in sites:
-                        lease = x.get("lease")
-                        sms = int(lease["sm_count"]) if lease else 0
-                        if self.current.get(x["site_id"]) != sms:
-                            self.current[x["site_id"]] = sms
-                            self.changes.append((t, x["site_id"], sms))
-                except Exception:  # xApp stalled, killed or restarting: nothing learned this period
-                    self.failures += 1
-                await asyncio.sleep(max(self.period_s - (time.time() - t), 0.0))
+    async def snapshot(self, sites: list[str]) -> None:
+        try:
+            epoch = int((await _get_json(f"{self.rest}/api/v1/agents"))["epoch"])
+            out = {}
+            for sid in sites:
+                for _ in range(3):   # a grant between the reads: read again
+                    before = (await _get_json(f"{self.rest}/api/v1/sites/{sid}")).get("lease")
+                    pts = (await _get_json(f"{self.rest}/api/v1/sites/{sid}/series?minutes=60"))["points"]
+                    after = (await _get_json(f"{self.rest}/api/v1/sites/{sid}")).get("lease")
+                    if before == after:
+                        break
+                out[sid] = {"views": [[p["t"], p["grant_sms"]] for p in pts],
+                            "lease_seq": after["seq"] if after and before == after else None}
+            self.instances.append({"epoch": epoch, "sites": out})
+        except Exception as exc:  # an xApp that does not answer: its decisions stay unknown, and say so
+            self.failures.append(str(exc))
 
 
 async def run_up(cfg: UpConfig, out=print) -> dict:
@@ -377,7 +377,6 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
     rounds = RoundsSeen() if cfg.cross_site else None
     proxies: dict[int, TcpProxy] = {}
     injector: FaultInjector | None = None
-    watch_task: asyncio.Task | None = None
     try:
         lighthouse = ""
         if cfg.cross_site:
@@ -440,9 +439,9 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             await asyncio.to_thread(child.wait_for_line, r"weaver-xapp: ready", 90)
 
         if cfg.record_series:
-            watch = LeaseWatch(rest, sim.period_s)
-            world.lease_watch = watch
-            watch_task = asyncio.ensure_future(watch.run())
+            world.xapp_views = XappViews(rest)
+            world.cpu_trace = CpuTrace({i: tr.pid for i, tr in enumerate(truths)})
+            world.cpu_trace.start()
         t0 = loop.time()
         probing = cfg.idle_probe_s > 0
         if probing:
@@ -452,6 +451,8 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         if cfg.faults:
             injector = FaultInjector(cfg.faults, Targets(
                 sim=sim, proxies=proxies, supervisor=sup, xapp_ready=xapp_ready,
+                before_xapp_kill=(lambda: world.xapp_views.snapshot([site_name(i) for i in range(cfg.sites)]))
+                if world.xapp_views is not None else None,
                 agent_devices=lambda: {a.site: a.last.get("device", "") for a in agents}), cfg.fault_at_s,
                 notify=lambda e, what: out(f"weaver up: fault {e['spec']} {what}s at {e[what + '_s']:.1f} s"
                                            + (f" ({e['note']})" if what == "end" and e["note"] else "")))
@@ -536,6 +537,10 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             xsites = {s["site_id"]: s for s in (await _get_json(f"{rest}/api/v1/sites"))["sites"]}
         except Exception as exc:
             out(f"weaver up: could not read the xApp's final state: {exc}")
+        if world.xapp_views is not None:
+            await world.xapp_views.snapshot([site_name(i) for i in range(cfg.sites)])
+        if world.cpu_trace is not None:
+            world.cpu_trace.stop()
         if rounds is not None:
             try:
                 await _read_rounds(rest, rounds)
@@ -548,9 +553,8 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
     finally:
         if injector is not None:
             await injector.close()
-        if watch_task is not None:
-            watch_task.cancel()
-            await asyncio.gather(watch_task, return_exceptions=True)
+        if world.cpu_trace is not None:
+            world.cpu_trace.stop()
         await asyncio.to_thread(shutdown, sup, 20.0)
         for p in proxies.values():
             await p.close()
@@ -640,10 +644,16 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
         out["series"] = {"columns": ["t_unix", "site", "executed_sms", "reported_lease_sms", "lease_id",
                                      "lease_hard_end_unix_ms", "dt_s", "lease_valid_for_ms",
                                      "misses_training"], "rows": world.series}
-        w = world.lease_watch
         out["idle_probe_end_unix"] = world.probe_end_unix
-        out["xapp_leases"] = {"columns": ["t_unix", "site_id", "sm_count"], "rows": w.changes if w else [],
-                              "polls": w.polls if w else 0, "failures": w.failures if w else 0}
+        v = world.xapp_views
+        out["xapp_views"] = {"columns": ["t_unix", "grant_sms"], "instances": v.instances if v else [],
+                             "failures": v.failures if v else []}
+        tr = world.cpu_trace
+        if tr is not None:
+            sers = {site_name(k): tr.series(k) for k in tr.pids}
+            out["cpu_trace"] = {"columns": ["t_unix", "cpu_s"], "overhead": tr.overhead(),
+                                "sites": {sid: [[round(float(a), 5), round(float(b), 7)] for a, b in zip(t, c, strict=True)]
+                                          for sid, (t, c) in sers.items()}}
     return out
 
 

@@ -15,13 +15,25 @@ Per row, all from the platform's side:
 - SM·ms executed beyond a lease: per world period, executed SMs minus the SMs of the lease the agent
   reported holding, when positive; max over periods and total. It includes the agent's idle host work,
   so the total above the idle baseline (p90) is given too;
-- time from revoke/expiry to the agent idle: from the xApp's revoke instant (its lease for the site, as
-  its REST API shows it, polled once a world period, going from > 0 SMs to none) or from a lease's hard
-  end (sent_unix_ms + valid_for_ms of the lease the agent holds, when no newer lease reached it by then),
-  to the end of the first world period whose executed SMs are at most the idle baseline (p90 + 1 % of the
-  GPU). Resolution: one world period (100 ms), plus the REST poll for revokes. Events in the idle probe
-  are not counted; an event followed by a new lease (the xApp's, or one reaching the agent) before the
-  agent went idle counts as "re-granted first", one after which it never went idle as "never";
+- time from revoke/expiry to the agent idle. The instants come from the xApp's own record of its
+  decisions (`/api/v1/sites/{site}/series`, read at the end of the run and just before an xApp kill;
+  `testbed.up.XappViews`), to 1 ms: a revoke is its first decision without a grant after one with a grant;
+  a lease's hard end is the instant of the decision that issued it (lease seq k of an epoch: that
+  epoch's k-th decision with a grant) + valid_for, and it is an expiry when no newer lease can have
+  reached the agent by then (a revoke while it was held is the event instead). Where the xApp's record
+  is lost (a killed xApp's last leases) the hard end is the agent's receipt + valid_for, known to a world
+  period (`events_with_instant_known_to_a_period_only`). Idle is measured by the platform two ways:
+  - from a 2 ms trace of the agent process's CPU clock (`testbed.groundtruth.CpuTrace`): the start of the
+    first 10 ms window whose CPU rate is back at the idle baseline (the p99 of that rate in the idle
+    probe: ~0.1 core, its polls and heartbeats, + 0.1 core, at most 0.5), no window in the next 100 ms
+    above 0.5 core (work resumed, e.g. after a duty cycle's gap; a training agent reads ~1 core, a burst of
+    host work such as a reconnect less) (`idle_from`). Resolution: the trace's p99
+    sample gap + the 1 ms of the event instant (`resolution_ms`); the trace thread's own cost is reported
+    (`trace_thread_cpu_fraction_of_one_core`, `trace_cpu_us_per_sample`);
+  - at the world's period: the end of the first period whose executed SMs are at most the idle baseline
+    (p90 + 1 % of the GPU): 100 ms resolution (`revoke_or_expiry_to_idle_ms_*`).
+  Events in the idle probe are not counted; an event followed by a new lease before the agent went idle
+  counts as "re-granted first", one after which it never went idle as "never";
 - leases granted (the xApp's counter: after an xApp restart, the new instance's) and leases the agent
   was seen holding (distinct lease ids), and tokens trained.
 """
@@ -38,6 +50,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from testbed.groundtruth import idle_from, window_rates
 
 ORDER = ("none", "ack-delay", "ack-loss", "ack-dup", "ack-reorder", "node-restart", "node-lost", "slow-reader",
          "partition", "xapp-stall", "xapp-kill", "green-context-fail")
@@ -71,24 +85,137 @@ def _median(xs: list) -> float:
     return float(np.median(xs)) if xs else math.nan
 
 
+WINDOW_S = 0.010   # the fine measure's quiet window: half the target (one planned micro-batch, 20 ms)
+HOLD_S = 0.100     # ... and how long the quiet must last (one world period: a duty cycle's gap is not idle)
+IDLE_MARGIN_CORES = 0.10   # idle: CPU rate over a window <= the idle probe's p99 over the same window + 0.1 core
+IDLE_CAP_CORES = 0.5       # ... and never above half a core (a probe with start-up work in it must not hide work)
+IDLE_DEFAULT_CORES = 0.2   # without an idle probe in the trace
+WORKING_CORES = 0.5        # work resumed: a window more than half on CPU (a host burst, e.g. a reconnect, is less)
+
+
+def _idle_threshold(t: np.ndarray, rates: np.ndarray, probe_end: float) -> tuple[float, float]:
+    """(p99 of the agent's CPU rate over WINDOW_S windows in the idle probe, the idle threshold), cores.
+    The agent's idle host work comes in bursts (its inspect and status polls, heartbeats): about 1 ms of
+    CPU every 100 ms, so a 10 ms window of an idle agent reads up to ~0.15 core; training reads ~1."""
+    m = (t >= (t[0] + 0.5 if len(t) else 0.0)) & (t <= probe_end - WINDOW_S) & np.isfinite(rates)
+    if not probe_end or m.sum() < 50:
+        return math.nan, IDLE_DEFAULT_CORES
+    p99 = float(np.percentile(rates[m], 99))
+    return p99, min(p99 + IDLE_MARGIN_CORES, IDLE_CAP_CORES)
+
+
+def _xapp_instances(summary: dict, sid: str) -> list[dict]:
+    """Per xApp instance, a site's decisions [(t_unix, grant_sms)] and how its grants map onto lease
+    seqs: `first_seq`, the seq of its first grant in the record (None: unknown)."""
+    out = []
+    for k, inst in enumerate((summary.get("xapp_views") or {}).get("instances", [])):
+        site = inst["sites"].get(sid, {})
+        vs = [(float(t), int(g)) for t, g in site.get("views", [])]
+        n = sum(1 for _, g in vs if g > 0)
+        seq = site.get("lease_seq")
+        first = seq - n + 1 if seq is not None else (1 if k == 0 else None)
+        out.append({"epoch": int(inst["epoch"]), "views": vs, "first_seq": first,
+                    "grants": [t for t, g in vs if g > 0]})
+    return out
+
+
+def _events(mine: list, instances: list[dict], probe_end: float) -> list[dict]:
+    """Revokes and expiries of one site (module docstring), each with the instant the agent must be idle
+    from, how that instant is known, and `until`: the earliest a newer lease can have reached the agent."""
+    revokes = []
+    for inst in instances:
+        vs = inst["views"]
+        for (_, g0), (t, g) in zip(vs, vs[1:], strict=False):
+            if g0 > 0 and g == 0 and t >= probe_end:
+                revokes.append(t)
+    all_grants = sorted(t for inst in instances for t in inst["grants"])
+    first_seen: dict[str, tuple[float, float, int]] = {}   # lease id -> (first seen, period, valid_for_ms)
+    for t, _, _sms, _lease, lid, _end, dt, valid_ms, _ in mine:
+        if lid and lid not in first_seen:
+            first_seen[lid] = (t, dt, valid_ms or 300)
+
+    def issued(lid: str) -> float | None:   # the instant of the xApp decision that issued it
+        try:
+            _, e, k = lid.rsplit(".", 2)
+            e, k = int(e), int(k)
+        except ValueError:
+            return None
+        for inst in instances:
+            if inst["epoch"] == e and inst["first_seq"] is not None \
+                    and 0 <= k - inst["first_seq"] < len(inst["grants"]):
+                return inst["grants"][k - inst["first_seq"]]
+        return None
+
+    def received_from(lid: str) -> float:     # the earliest the agent can have received it
+        t, dt, _ = first_seen[lid]
+        i = issued(lid)
+        return max(t - dt, i if i is not None else -math.inf)
+
+    order = sorted(first_seen, key=lambda lid: first_seen[lid][0])
+    seen_after = lambda t: min((received_from(lid) for lid in order if received_from(lid) > t), default=math.inf)  # noqa: E731
+    out = [{"t_unix": t, "kind": "revoke", "instant": "xapp decision (1 ms)",
+            "until_unix": min(min((g for g in all_grants if g > t), default=math.inf), seen_after(t))}
+           for t in revokes]
+    last_t = mine[-1][0] if mine else 0.0
+    for k, lid in enumerate(order):
+        t_seen, dt, valid_ms = first_seen[lid]
+        i = issued(lid)
+        if i is not None:
+            end, latest, how = i + valid_ms / 1000.0, i + valid_ms / 1000.0, "xapp decision + valid_for (1 ms)"
+        else:   # an xApp whose decisions are lost (killed): the agent's receipt, known to a world period
+            end, latest = t_seen - dt + valid_ms / 1000.0, t_seen + valid_ms / 1000.0
+            how = f"receipt + valid_for ({dt * 1000:.0f} ms)"
+        nxt = received_from(order[k + 1]) if k + 1 < len(order) else math.inf
+        # expired: nothing newer can have reached the agent by the hard end (a revoke while it was held is
+        # the event instead)
+        if nxt > latest and probe_end <= end <= last_t \
+                and not any(t_seen - 0.2 <= r <= end for r in revokes):
+            out.append({"t_unix": end, "kind": "expiry", "instant": how, "until_unix": nxt})
+    return sorted(out, key=lambda e: e["t_unix"])
+
+
+def _period_wait(mine: list, ev: dict, thr_sms: float) -> float | str:
+    """Event -> the end of the first world period at or below the idle threshold (100 ms resolution)."""
+    idle = next((r for r in mine if ev["t_unix"] <= r[0] and r[2] <= thr_sms), None)
+    if idle is not None and idle[0] <= ev["until_unix"] + 0.05:  # idle in the period that ends as the new lease is seen
+        return (idle[0] - ev["t_unix"]) * 1000.0
+    return "regranted" if ev["until_unix"] <= (mine[-1][0] if mine else 0.0) else "never"
+
+
+def _fine_wait(trace, ev: dict, thr_cores: float) -> float | str:
+    """Event -> the first instant the agent's traced CPU rate is at its idle baseline (`idle_from`)."""
+    t, cpu, rates = trace
+    idle = idle_from(t, cpu, ev["t_unix"], thr_cores, WINDOW_S, HOLD_S, ev["until_unix"], rates,
+                     hold_threshold_cores=max(WORKING_CORES, thr_cores))
+    if idle is not None:
+        return (idle - ev["t_unix"]) * 1000.0
+    return "regranted" if len(t) and ev["until_unix"] <= t[-1] else "never"
+
+
+def _stats(waits: list) -> dict:
+    ms = [w for w in waits if not isinstance(w, str)]
+    return {"p50_ms": _pct(ms, 50), "p99_ms": _pct(ms, 99), "max_ms": max(ms) if ms else math.nan,
+            "measured": len(ms), "regranted_before_idle": waits.count("regranted"), "never_idle": waits.count("never")}
+
+
 def analyse(summary: dict, gpu_sms: dict[str, float]) -> dict:
     """Per-row figures from a `record_series` run summary (see the module docstring)."""
     rows = summary.get("series", {}).get("rows", [])
     probe_end = summary.get("idle_probe_end_unix") or 0.0
-    leases = summary.get("xapp_leases", {}).get("rows", [])
+    ctrace = summary.get("cpu_trace") or {}
     out_sites = {}
-    to_idle_ms: list[float] = []
-    censored = 0
+    period_waits: list = []
+    fine_waits: list = []
     beyond_max = beyond_total = above_idle_total = 0.0
     misses_post = misses_probe = 0
-    regranted = 0
     leases_seen = 0
     for sid, site in summary["sites"].items():
         i = int(sid.rsplit("-", 1)[1])
         gt = site.get("ground_truth", {})
         base = gt.get("idle_baseline_sms_p90")
         base = base if base is not None and not (isinstance(base, float) and math.isnan(base)) else math.nan
-        thr = (base if not math.isnan(base) else 0.0) + 0.01 * gpu_sms.get(sid, 100.0)
+        gpu = gpu_sms.get(sid, 100.0)
+        thr = (base if not math.isnan(base) else 0.0) + 0.01 * gpu
         mine = [r for r in rows if r[1] == i]
         post = [(r, mine[k - 1][3] if k else 0.0) for k, r in enumerate(mine) if r[0] >= probe_end]
         misses_probe += sum(r[8] for r in mine if r[0] < probe_end)
@@ -100,60 +227,25 @@ def analyse(summary: dict, gpu_sms: dict[str, float]) -> dict:
             beyond_max = max(beyond_max, b)
             above_idle_total += max(sms - held - (0.0 if math.isnan(base) else base), 0.0) * dt * 1000.0
         leases_seen += len({r[4] for r in mine if r[4] and r[3] > 0})
-        # events: the xApp's revokes, then hard ends that passed without a newer lease reaching the agent
-        events: list[tuple[float, str, float]] = []   # (instant, kind, until: a new lease ends the wait)
-        prev = None
-        grants = [t for t, s_id, sms in leases if s_id == sid and sms > 0]
-        for t, s_id, sms in leases:
-            if s_id != sid:
-                continue
-            if prev is not None and prev > 0 and sms == 0 and t >= probe_end:
-                events.append((t, "revoke", min((g for g in grants if g > t), default=math.inf)))
-            prev = sms
-        first_seen: dict[str, float] = {}   # lease id -> when the agent was first seen holding it
-        hard_end: dict[str, float] = {}     # lease id -> its hard end (unix s, the broker's clock)
-        latest_end: dict[str, float] = {}   # ... the latest it can be (receipt is known to a world period)
-        for t, _, _sms, _lease, lid, end_ms, dt, valid_ms, _ in mine:
-            if not lid:
-                continue
-            first_seen.setdefault(lid, t)
-            if end_ms:      # the lease's own hard end (sent_unix_ms + valid_for_ms)
-                hard_end[lid] = latest_end[lid] = end_ms / 1000.0
-            elif valid_ms and lid not in hard_end:
-                # a broker that sends no sent_unix_ms: the agent's receipt + valid_for_ms, the receipt within
-                # the period it was first seen in: the event is at the earliest end (the longer wait), and
-                # only if no newer lease was seen by the latest (no event from the period's uncertainty)
-                hard_end[lid] = t - dt + valid_ms / 1000.0
-                latest_end[lid] = t + valid_ms / 1000.0
-        order = sorted(first_seen, key=first_seen.get)
-        last_t = mine[-1][0] if mine else 0.0
-        for k, (t, kind, until) in enumerate(events):   # ... or a lease reaching the agent after the revoke
-            events[k] = (t, kind, min(until, min((f for f in first_seen.values() if f > t), default=math.inf)))
-        for k, lid in enumerate(order):
-            if lid not in hard_end:
-                continue
-            end = hard_end[lid]
-            next_seen = first_seen[order[k + 1]] if k + 1 < len(order) else math.inf
-            # expired: nothing newer had reached the agent by the hard end (a revoke while it was held, or just
-            # before it was first seen, is the event instead)
-            if next_seen > latest_end[lid] and probe_end <= end <= last_t \
-                    and not any(kind == "revoke" and first_seen[lid] - 0.2 <= e <= end for e, kind, _ in events):
-                events.append((end, "expiry", next_seen))
-        waits = []
-        for ev, _kind, until in sorted(events):
-            idle = next((r for r in mine if ev <= r[0] and r[2] <= thr), None)
-            if idle is not None and idle[0] <= until + 0.05:  # idle in the period that ends as the new lease is seen
-                waits.append((idle[0] - ev) * 1000.0)
-            elif until <= last_t:
-                regranted += 1   # a new lease came before the agent was idle: it may work again
-            else:
-                censored += 1
-        to_idle_ms += waits
+        events = _events(mine, _xapp_instances(summary, sid), probe_end)
+        pts = np.asarray(ctrace.get("sites", {}).get(sid, []), dtype=float).reshape(-1, 2)
+        trace = (pts[:, 0], pts[:, 1], window_rates(pts[:, 0], pts[:, 1], WINDOW_S))
+        idle_p99, thr_cores = _idle_threshold(trace[0], trace[2], probe_end)
+        pw = [_period_wait(mine, ev, thr) for ev in events]
+        fw = [_fine_wait(trace, ev, thr_cores) for ev in events] if len(pts) else ["never"] * len(events)
+        period_waits += pw
+        fine_waits += fw
         out_sites[sid] = {"idle_baseline_sms_p90": base, "idle_threshold_sms": thr,
-                          "events": [{"t_unix": e, "kind": k, "until_unix": None if math.isinf(u) else u}
-                                     for e, k, u in sorted(events)],
-                          "revoke_or_expiry_to_idle_ms": waits}
+                          "idle_probe_window_rate_cores_p99": idle_p99, "idle_threshold_cores": thr_cores,
+                          "events": [{**e, "until_unix": None if math.isinf(e["until_unix"]) else e["until_unix"],
+                                      "to_idle_ms_at_period": w, "to_idle_ms_traced": f}
+                                     for e, w, f in zip(events, pw, fw, strict=True)],
+                          "revoke_or_expiry_to_idle_ms": [w for w in pw if not isinstance(w, str)]}
     t = summary["totals"]
+    ps, fs = _stats(period_waits), _stats(fine_waits)
+    ov = ctrace.get("overhead", {})
+    n_events = sum(len(s["events"]) for s in out_sites.values())
+    coarse = sum(1 for s in out_sites.values() for e in s["events"] if not e["instant"].startswith("xapp"))
     return {
         "deadline_misses": t["deadline_misses"],
         "deadline_misses_attributable_to_training": t["deadline_misses_attributable_to_training"],
@@ -163,12 +255,25 @@ def analyse(summary: dict, gpu_sms: dict[str, float]) -> dict:
         "sm_ms_beyond_lease_max": beyond_max,
         "sm_ms_beyond_lease_total": beyond_total,
         "sm_ms_beyond_lease_above_idle_total": above_idle_total,
-        "revoke_or_expiry_events": sum(len(s["events"]) for s in out_sites.values()),
-        "revoke_or_expiry_to_idle_ms_p50": _pct(to_idle_ms, 50),
-        "revoke_or_expiry_to_idle_ms_p99": _pct(to_idle_ms, 99),
-        "revoke_or_expiry_to_idle_ms_max": max(to_idle_ms) if to_idle_ms else math.nan,
-        "revoke_or_expiry_never_idle": censored,
-        "revoke_or_expiry_regranted_before_idle": regranted,
+        "revoke_or_expiry_events": n_events,
+        # at the world's period (100 ms resolution)
+        "revoke_or_expiry_to_idle_ms_p50": ps["p50_ms"],
+        "revoke_or_expiry_to_idle_ms_p99": ps["p99_ms"],
+        "revoke_or_expiry_to_idle_ms_max": ps["max_ms"],
+        "revoke_or_expiry_never_idle": ps["never_idle"],
+        "revoke_or_expiry_regranted_before_idle": ps["regranted_before_idle"],
+        # from the 2 ms CPU trace
+        "revoke_or_expiry_to_idle_traced": {
+            **fs, "events": n_events, "events_with_instant_known_to_a_period_only": coarse,
+            "trace_interval_ms": ov.get("interval_ms", math.nan),
+            "trace_sample_gap_ms_p99": ov.get("sample_gap_ms_p99", math.nan),
+            "resolution_ms": ov.get("sample_gap_ms_p99", math.nan) + 1.0,   # + the event instant's 1 ms
+            "window_ms": WINDOW_S * 1000.0, "hold_ms": HOLD_S * 1000.0,
+            "idle": f"the first {WINDOW_S * 1000:g} ms window whose CPU rate is at most the idle probe's p99 over "
+                    f"such windows + {IDLE_MARGIN_CORES:g} core (at most {IDLE_CAP_CORES:g}), no window in the next "
+                    f"{HOLD_S * 1000:g} ms above {WORKING_CORES:g} core (work resumed)",
+            "trace_thread_cpu_fraction_of_one_core": ov.get("thread_cpu_fraction_of_one_core", math.nan),
+            "trace_cpu_us_per_sample": ov.get("cpu_us_per_sample", math.nan)},
         "idle_baseline_sms_median": _median([s.get("ground_truth", {}).get("idle_baseline_sms_median")
                                              for s in summary["sites"].values()]),
         "leases_granted": t["leases_granted"],
@@ -215,9 +320,10 @@ def run_one(name: str, args, log_out) -> dict:
         row["note"] = "fault did not start within the run"
     row["gpu_sms"] = gpu
     row.update(analyse(summary, gpu))
-    row["summary"] = {k: v for k, v in summary.items() if k not in ("series", "xapp_leases")}
+    row["summary"] = {k: v for k, v in summary.items() if k not in ("series", "xapp_views", "cpu_trace")}
     row["series"] = summary.get("series")            # per world period and site: the ground truth beside the lease
-    row["xapp_leases"] = summary.get("xapp_leases")  # the xApp's lease per site, at each change
+    row["xapp_views"] = summary.get("xapp_views")    # the xApp's decisions per epoch and site (instant, grant)
+    row["cpu_trace"] = summary.get("cpu_trace")      # each agent's CPU clock every 2 ms
     return row
 
 
@@ -227,10 +333,12 @@ def _f(x, fmt="{:.0f}") -> str:
 
 def table(rows: list[dict]) -> str:
     head = ("| fault | applied | training misses by ground truth (in idle probe) | by reported lease | beyond lease max SM·ms | total SM·s "
-            "| idle baseline SMs (median) | above idle SM·s | revoke/expiry -> idle p50 / p99 / max ms (events, re-granted first, never) | leases granted (seen) "
+            "| idle baseline SMs (median) | above idle SM·s | revoke/expiry -> agent idle p50 / p99 / max ms, 2 ms CPU trace "
+            "(events, re-granted first, never) | resolution ms | same at the 100 ms period: p99 / max | leases granted (seen) "
             "| tokens | note |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
+        f = r.get("revoke_or_expiry_to_idle_traced") or {}
         lines.append(
             f"| {r['fault']} | {'yes' if r['applied'] else 'no'} "
             f"| {r['deadline_misses_attributable_to_training_after_probe']} "
@@ -239,9 +347,11 @@ def table(rows: list[dict]) -> str:
             f"| {_f(r['sm_ms_beyond_lease_total'] / 1000, '{:.1f}')} "
             f"| {_f(r.get('idle_baseline_sms_median'), '{:.1f}')} "
             f"| {_f(r['sm_ms_beyond_lease_above_idle_total'] / 1000, '{:.1f}')} "
-            f"| {_f(r['revoke_or_expiry_to_idle_ms_p50'])} / {_f(r['revoke_or_expiry_to_idle_ms_p99'])} / "
-            f"{_f(r['revoke_or_expiry_to_idle_ms_max'])} ({r['revoke_or_expiry_events']}, "
-            f"{r['revoke_or_expiry_regranted_before_idle']}, {r['revoke_or_expiry_never_idle']}) | {r['leases_granted']} ({r['leases_seen_by_agent']}) "
+            f"| {_f(f.get('p50_ms'), '{:.1f}')} / {_f(f.get('p99_ms'), '{:.1f}')} / {_f(f.get('max_ms'), '{:.1f}')} "
+            f"({r['revoke_or_expiry_events']}, {f.get('regranted_before_idle', 0)}, {f.get('never_idle', 0)}) "
+            f"| {_f(f.get('resolution_ms'), '{:.1f}')} "
+            f"| {_f(r['revoke_or_expiry_to_idle_ms_p99'])} / {_f(r['revoke_or_expiry_to_idle_ms_max'])} "
+            f"| {r['leases_granted']} ({r['leases_seen_by_agent']}) "
             f"| {r['tokens_trained']} | {r['note'][:90]} |")
     return "\n".join(lines)
 
@@ -267,7 +377,8 @@ def reanalyse(doc: dict) -> list[dict]:
     """The rows of an earlier `--json` document, analysed again from their recorded series."""
     rows = []
     for r in doc["rows"]:
-        summary = {**r["summary"], "series": r["series"], "xapp_leases": r["xapp_leases"]}
+        summary = {**r["summary"], "series": r["series"], "xapp_views": r.get("xapp_views"),
+                   "cpu_trace": r.get("cpu_trace")}
         gpu = {sid: float(site.get("ground_truth", {}).get("gpu_sms", 0) or 132.0)
                for sid, site in summary["sites"].items()}
         rows.append({**r, **analyse(summary, r.get("gpu_sms", gpu))})
@@ -302,7 +413,8 @@ def run(args) -> int:
         print(f"weaver bench safety: {name} done in {row['wall_s']:.0f}s: training misses (truth) "
               f"{row['deadline_misses_attributable_to_training_after_probe']} "
               f"(+{row['deadline_misses_attributable_to_training_in_probe']} in the idle probe), beyond lease max "
-              f"{row['sm_ms_beyond_lease_max']:.0f} SM·ms, to idle max {_f(row['revoke_or_expiry_to_idle_ms_max'])} ms",
+              f"{row['sm_ms_beyond_lease_max']:.0f} SM·ms, to idle max "
+              f"{_f(row['revoke_or_expiry_to_idle_traced']['max_ms'], '{:.1f}')} ms (traced)",
               flush=True)
     print()
     print(table(rows))

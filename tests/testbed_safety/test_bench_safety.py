@@ -5,6 +5,7 @@ import json
 import math
 import subprocess
 
+import numpy as np
 import pytest
 
 from testbed.bench.safety import ORDER, analyse, fault_spec, table
@@ -15,13 +16,30 @@ def _row(t, sms, lease, lid="", end_ms=0, valid_ms=300, misses=0):
     return [t, 0, sms, lease, lid, end_ms, 0.1, valid_ms, misses]
 
 
-def _summary(rows, leases, probe_end=10.0, p90=2.0):
+def _summary(rows, views, probe_end=10.0, p90=2.0, trace=None, lease_seq=None):
+    """`views`: the decisions (t_unix, grant_sms) of one xApp instance, epoch 1, the lease it holds out then
+    `lease_seq` (None: none, and its first grant issued seq 1); `trace`: (t_unix, cpu_s) samples."""
     totals = {"deadline_misses": 3, "deadline_misses_attributable_to_training": 3,
               "deadline_misses_attributable_to_reported_lease": 0, "leases_granted": 4, "tokens_trained": 99,
               "sm_seconds_executed": 1.0, "sm_seconds_held_by_agent": 1.0}
-    return {"idle_probe_end_unix": probe_end, "totals": totals,
-            "sites": {"site-0": {"ground_truth": {"idle_baseline_sms_p90": p90}}},
-            "series": {"rows": rows}, "xapp_leases": {"rows": leases}}
+    out = {"idle_probe_end_unix": probe_end, "totals": totals,
+           "sites": {"site-0": {"ground_truth": {"idle_baseline_sms_p90": p90, "cores": 1}}},
+           "series": {"rows": rows},
+           "xapp_views": {"instances": [{"epoch": 1, "sites": {"site-0": {"views": views, "lease_seq": lease_seq}}}]}}
+    if trace is not None:
+        out["cpu_trace"] = {"sites": {"site-0": trace},
+                            "overhead": {"interval_ms": 2.0, "sample_gap_ms_p99": 2.5}}
+    return out
+
+
+def _trace(busy, t0=10.0, t1=11.0, step=0.002):
+    """A CPU clock sampled every `step`: one core busy within each (start, end) of `busy`, idle otherwise."""
+    t = np.arange(t0, t1, step)
+    on = np.zeros(len(t))
+    for a, b in busy:
+        on[(t >= a) & (t < b)] = 1.0
+    cpu = np.concatenate(([0.0], np.cumsum(on[:-1] * step)))
+    return [[float(x), float(c)] for x, c in zip(t, cpu, strict=True)]
 
 
 def test_every_row_has_a_parseable_fault():
@@ -36,8 +54,13 @@ def test_revoke_to_idle_beyond_lease_and_probe_misses():
             _row(10.3, 70.0, 0.0), _row(10.4, 20.0, 0.0, misses=1), _row(10.5, 2.5, 0.0),
             _row(10.6, 80.0, 80.0, "s.1.3"), _row(10.7, 80.0, 80.0, "s.1.3"),  # then s.1.3 expires
             _row(10.8, 80.0, 0.0), _row(10.9, 1.0, 0.0), _row(11.0, 1.0, 0.0)]
-    leases = [(10.05, "site-0", 80), (10.25, "site-0", 0), (10.55, "site-0", 80)]
-    a = analyse(_summary(rows, leases), {"site-0": 100.0})
+    # the xApp grants s.1.1 at 10.05 and s.1.2 at 10.15, revokes at 10.25, grants s.1.3 at 10.55, then decides
+    # nothing more (stalled); the agent's CPU: busy until 12 ms after the revoke, and 8 ms after s.1.3's end,
+    # and, idle, 2 ms of host work every 100 ms (its polls), in the idle probe (from 9.0) as after it
+    polls = [(9.0 + k / 10, 9.0 + k / 10 + 0.002) for k in range(23)]
+    views = [[10.05, 80], [10.15, 80], [10.25, 0], [10.35, 0], [10.45, 0], [10.55, 80]]
+    trace = _trace([(10.0, 10.262), (10.56, 10.858), *polls], t0=9.0, t1=11.2)
+    a = analyse(_summary(rows, views, trace=trace), {"site-0": 100.0})
     assert a["deadline_misses_attributable_to_training_in_probe"] == 2
     assert a["deadline_misses_attributable_to_training_after_probe"] == 1
     # 90 over 80 at 10.2 (10 SMs x 100 ms), 20 over nothing at 10.4 (10.3 still counts the lease reported
@@ -47,18 +70,30 @@ def test_revoke_to_idle_beyond_lease_and_probe_misses():
     assert a["sm_ms_beyond_lease_above_idle_total"] == pytest.approx(800.0 + 1800.0 + 50.0)
     ev = a["sites"]["site-0"]["events"]
     assert [e["kind"] for e in ev] == ["revoke", "expiry"]
-    # revoke at 10.25, first period at or below 2 + 1 SMs ends at 10.5; expiry of s.1.3 (first seen in
-    # the period ending 10.6, so received from 10.5, valid 300 ms) at 10.8, idle in the period ending 10.9
-    assert a["sites"]["site-0"]["revoke_or_expiry_to_idle_ms"] == pytest.approx([250.0, 100.0])
+    # revoke at 10.25, first period at or below 2 + 1 SMs ends at 10.5; expiry of s.1.3 (the xApp's third
+    # decision with a grant, at 10.55, valid 300 ms) at 10.85, idle in the period ending 10.9
+    assert [e["t_unix"] for e in ev] == pytest.approx([10.25, 10.85])
+    assert all(e["instant"].startswith("xapp decision") for e in ev)
+    assert a["sites"]["site-0"]["revoke_or_expiry_to_idle_ms"] == pytest.approx([250.0, 50.0])
     assert a["revoke_or_expiry_to_idle_ms_max"] == pytest.approx(250.0)
     assert a["revoke_or_expiry_never_idle"] == 0
+    # the 2 ms trace resolves what the 100 ms periods cannot: 12 ms and 8 ms, each to a sample
+    f = a["revoke_or_expiry_to_idle_traced"]
+    assert [e["to_idle_ms_traced"] for e in ev] == pytest.approx([12.0, 8.0], abs=2.1)
+    assert f["max_ms"] == pytest.approx(12.0, abs=2.1) and f["measured"] == 2 and f["never_idle"] == 0
+    assert f["resolution_ms"] == pytest.approx(3.5) and f["window_ms"] == 10.0
+    # a 10 ms window holding one poll reads 0.2 core: the probe's p99, + 0.1 core
+    assert a["sites"]["site-0"]["idle_probe_window_rate_cores_p99"] == pytest.approx(0.2, abs=0.01)
+    assert a["sites"]["site-0"]["idle_threshold_cores"] == pytest.approx(0.3, abs=0.01)
     assert "| fault |" in table([{"fault": "x", "applied": True, "note": "", **a}])
 
 
 def test_an_agent_that_never_goes_idle_is_censored():
     rows = [_row(10.1, 80.0, 80.0, "s.1.1"), _row(10.2, 80.0, 0.0), _row(10.3, 80.0, 0.0)]
-    a = analyse(_summary(rows, [(10.0, "site-0", 80), (10.15, "site-0", 0)]), {"site-0": 100.0})
+    a = analyse(_summary(rows, [[10.0, 80], [10.15, 0]], trace=_trace([(10.0, 10.4)], t1=10.3)), {"site-0": 100.0})
     assert a["revoke_or_expiry_never_idle"] == 1 and math.isnan(a["revoke_or_expiry_to_idle_ms_max"])
+    f = a["revoke_or_expiry_to_idle_traced"]
+    assert f["never_idle"] == 1 and math.isnan(f["max_ms"])
 
 
 @pytest.mark.slow
@@ -70,6 +105,7 @@ def test_bench_safety_quick_end_to_end(repo_root, tmp_path):
                           cwd=repo_root, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| fault | applied | training misses by ground truth" in proc.stdout
+    assert "2 ms CPU trace" in proc.stdout and "| resolution ms |" in proc.stdout
     doc = json.loads(out_json.read_text())
     assert [r["fault"] for r in doc["rows"]] == ["none", "xapp-stall", "ack-loss"]
     for r in doc["rows"]:
@@ -78,15 +114,35 @@ def test_bench_safety_quick_end_to_end(repo_root, tmp_path):
                     "revoke_or_expiry_to_idle_ms_max", "leases_granted", "tokens_trained", "timeline", "series"):
             assert key in r, key
         assert r["applied"], r["note"]
+        f = r["revoke_or_expiry_to_idle_traced"]
+        for key in ("p50_ms", "p99_ms", "max_ms", "measured", "regranted_before_idle", "never_idle", "events",
+                    "resolution_ms", "trace_sample_gap_ms_p99", "window_ms", "hold_ms", "idle",
+                    "trace_thread_cpu_fraction_of_one_core", "trace_cpu_us_per_sample"):
+            assert key in f, key
+        assert r["cpu_trace"]["sites"]["site-0"] and r["cpu_trace"]["overhead"]["samples"] > 0
+        assert r["xapp_views"]["instances"] and not r["xapp_views"]["failures"]
     stall = doc["rows"][1]["timeline"][0]
     assert stall["kind"] == "xapp-stall" and stall["end_s"] > stall["start_s"]
-    assert doc["rows"][2]["timeline"][0]["counts"]["acks"] >= 0
+    assert doc["rows"][2]["timeline"][0]["counts"]["acks"] > 0  # applied: an ACK was there to lose
     assert doc["rows"][0]["tokens_trained"] > 0
 
 
 def test_a_new_lease_before_idle_is_counted_apart():
     rows = [_row(10.1, 80.0, 80.0, "s.1.1"), _row(10.2, 80.0, 0.0), _row(10.3, 80.0, 80.0, "s.1.2"),
             _row(10.4, 80.0, 80.0, "s.1.3"), _row(10.5, 1.0, 0.0)]
-    leases = [(10.0, "site-0", 80), (10.15, "site-0", 0), (10.25, "site-0", 80)]
-    a = analyse(_summary(rows, leases), {"site-0": 100.0})
+    views = [[10.0, 80], [10.15, 0], [10.25, 80], [10.35, 80]]
+    a = analyse(_summary(rows, views, trace=_trace([(10.0, 10.45)], t1=10.6)), {"site-0": 100.0})
     assert a["revoke_or_expiry_regranted_before_idle"] == 1 and a["revoke_or_expiry_never_idle"] == 0
+    f = a["revoke_or_expiry_to_idle_traced"]
+    assert f["regranted_before_idle"] == 1 and f["never_idle"] == 0
+
+
+def test_a_restarted_xapp_continues_the_lease_seqs():
+    """A restarted xApp may go on from the seqs its predecessor issued: seq k is mapped through the lease it
+    holds out when its record is read (here seq 7, its 2nd grant), not by counting from 1."""
+    rows = [_row(10.1, 80.0, 80.0, "s.1.6"), _row(10.2, 80.0, 80.0, "s.1.7"), _row(10.3, 80.0, 0.0),
+            _row(10.4, 1.0, 0.0), _row(10.5, 1.0, 0.0), _row(10.6, 1.0, 0.0)]
+    a = analyse(_summary(rows, [[10.05, 80], [10.12, 80]], lease_seq=7), {"site-0": 100.0})
+    [ev] = a["sites"]["site-0"]["events"]
+    assert ev["kind"] == "expiry" and ev["t_unix"] == pytest.approx(10.42)
+    assert ev["instant"].startswith("xapp decision")

@@ -176,5 +176,11 @@ def test_idle_needs_the_quiet_to_hold():
     cpu = np.concatenate(([0.0], np.cumsum(busy[:-1] * 0.001)))
     assert idle_from(t, cpu, 0.0, threshold_cores=0.05, window_s=0.01, hold_s=0.1) == pytest.approx(0.12)
     assert idle_from(t, cpu, 0.0, threshold_cores=0.05, window_s=0.01, hold_s=0.02) == pytest.approx(0.05)
+    # a 3 ms burst of host work (a reconnect) 40 ms after the stop: idle from the stop where the hold only
+    # looks for work resumed (windows above half a core), not where it asks for the baseline throughout
+    burst = (t < 0.05) | ((t >= 0.09) & (t < 0.093))
+    cpu_b = np.concatenate(([0.0], np.cumsum(burst[:-1] * 0.001)))
+    assert idle_from(t, cpu_b, 0.0, 0.05, window_s=0.01, hold_s=0.1, hold_threshold_cores=0.5) == pytest.approx(0.05)
+    assert idle_from(t, cpu_b, 0.0, 0.05, window_s=0.01, hold_s=0.1) == pytest.approx(0.093)
     rates = window_rates(t, cpu, 0.01)
     assert rates[0] == pytest.approx(1.0) and rates[200] == 0.0 and np.isinf(rates[-1])
