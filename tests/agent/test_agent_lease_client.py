@@ -53,6 +53,8 @@ def test_leases_and_revocations_arrive_stamped_on_the_agent_clock(broker):
     client = make_client(broker.port)
     try:
         collect(client, lambda ev: any(isinstance(e, Connected) for e in ev))
+        # The Register/Welcome sample includes connection set-up; heartbeat echoes tighten the bound.
+        assert broker.wait_for(lambda: sum(m.WhichOneof("body") == "heartbeat" for m in broker.received) >= 3)
         before = time.monotonic()
         broker.lease(sm_count=2, period_ms=40, valid_for_ms=120, duty=0.25, lease_id="A")
         broker.revoke("A", "stale-kpm")
@@ -60,9 +62,10 @@ def test_leases_and_revocations_arrive_stamped_on_the_agent_clock(broker):
         grant = next(e for e in events if isinstance(e, LeaseGranted)).terms
         assert grant.lease_id == "A" and grant.period_s == pytest.approx(0.04) and grant.duty == 0.25
         assert before <= grant.received_at <= time.monotonic()
-        # the broker stamps the lease: its hard end is 120 ms after it was sent, a little before receipt + 120 ms
+        # the broker stamps the lease: its hard end is 120 ms after it was sent, a little before receipt +
+        # 120 ms (transit and the offset bound's slack, given up to 80 ms on a loaded host)
         assert grant.not_after is not None
-        assert grant.received_at + 0.07 <= grant.expires_at <= grant.received_at + 0.12
+        assert grant.received_at + 0.04 <= grant.expires_at <= grant.received_at + 0.12
         assert next(e for e in events if isinstance(e, LeaseRevoked)).reason == "stale-kpm"
     finally:
         client.stop()
