@@ -297,25 +297,22 @@ class FaultInjector:
             raise RuntimeError(f"no TCP proxy for site {site}")
         return p
 
-    async def _slow_reader(self, f: SlowReader, entry: dict) -> None:
-        p = self._proxy(f.site)
-        if f.rate > 0:
-            p.trickle("down", f.rate, f.for_s)
-        else:
-            p.stall("down", f.for_s)
+    async def _shaped(self, site: int, for_s: float, shape) -> None:
+        """`shape(proxy)` for `for_s`, then the proxy healed."""
+        p = self._proxy(site)
+        shape(p)
         try:
-            await asyncio.sleep(f.for_s)
+            await asyncio.sleep(for_s)
         finally:
             p.heal()
+
+    async def _slow_reader(self, f: SlowReader, entry: dict) -> None:
+        await self._shaped(f.site, f.for_s, lambda p: p.trickle("down", f.rate, f.for_s) if f.rate > 0
+                           else p.stall("down", f.for_s))
         entry["note"] = f"broker->agent at {f.rate:g} B/s" if f.rate > 0 else "broker->agent stalled"
 
     async def _partition(self, f: Partition, entry: dict) -> None:
-        p = self._proxy(f.site)
-        p.stall("both", f.for_s)
-        try:
-            await asyncio.sleep(f.for_s)
-        finally:
-            p.heal()
+        await self._shaped(f.site, f.for_s, lambda p: p.stall("both", f.for_s))
         entry["note"] = "both directions stalled, connection kept open"
 
     # -- the xApp process --------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from ricxappframe.xapp_sdl import SDLWrapper
 from testbed.e2node.config import KPM_VERSIONS, RC_TABLES, node_configs
 from testbed.e2node.measure import from_period_report
 from testbed.e2node.shell import NodeShell
+from testbed.faults import DEFAULT_AT_S, SIM_KINDS, FaultInjector, Targets, check_sites, parse_faults
 from testbed.model import SLOT_S, CellConfig, RanModel, RealTimeClock, Scenario, SiteConfig, compile_kernels
 from testbed.ric.mini import MiniRic
 
@@ -291,8 +292,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fault", action="append", default=[], metavar="KIND[:param=value,...]",
                         help="inject a node-side fault (repeatable): ack-delay, ack-loss, ack-dup, ack-reorder, "
                              "node-restart, node-lost (params: testbed/faults.py)")
-    parser.add_argument("--fault-at", type=float, default=5.0, metavar="SECONDS",
-                        help="start of every fault that names no at=, in seconds after ready (default 5)")
+    parser.add_argument("--fault-at", type=float, default=DEFAULT_AT_S, metavar="SECONDS",
+                        help=f"start of every fault that names no at=, in seconds after ready (default {DEFAULT_AT_S:g})")
 
 
 def _sdl_from(args) -> SDLWrapper:
@@ -338,8 +339,6 @@ async def _serve(args, route_dir: str) -> int:
                     e2term_port=args.e2term_port, submgr_http_port=args.submgr_port,
                     submgr_rmr_port=args.submgr_rmr_port, xapps=tuple(args.xapp), kpm_version=args.kpm,
                     rc_table=args.rc_table, route_dir=route_dir, speed=args.speed)
-    from testbed.faults import SIM_KINDS, FaultInjector, Targets, check_sites, parse_faults
-
     try:
         overrides = parse_node_overrides(args.node)
         cfg = replace(cfg, node_overrides=overrides)

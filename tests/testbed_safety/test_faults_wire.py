@@ -44,8 +44,7 @@ def test_parse_fault_specs():
     assert parse_fault("xapp-stall") == XappStall()
     assert parse_faults(["partition:for=1", "xapp-kill"], 6.0) == (Partition(at_s=6.0, for_s=1.0),
                                                                     XappKill(at_s=6.0))
-    assert parse_fault("ack-delay:ms=500,for=3,at=8").describe() == "ack-delay:for_s=3.0,ms=500.0".replace(
-        "for_s", "for")
+    assert parse_fault("ack-delay:ms=500,for=3,at=8").describe() == "ack-delay:for=3.0,ms=500.0"
     for bad in ("nope", "ack-delay:bogus=1", "ack-delay:ms=x", "ack-delay:ms", "partition:for=-1"):
         with pytest.raises(ValueError):
             parse_fault(bad)
