@@ -130,9 +130,12 @@ def _events(mine: list, instances: list[dict], probe_end: float) -> list[dict]:
                 revokes.append(t)
     all_grants = sorted(t for inst in instances for t in inst["grants"])
     first_seen: dict[str, tuple[float, float, int]] = {}   # lease id -> (first seen, period, valid_for_ms)
-    for t, _, _sms, _lease, lid, _end, dt, valid_ms, _ in mine:
+    stamped: dict[str, float] = {}                          # lease id -> sent_unix_ms + valid_for_ms, if the agent shows it
+    for t, _, _sms, _lease, lid, end_ms, dt, valid_ms, _ in mine:
         if lid and lid not in first_seen:
             first_seen[lid] = (t, dt, valid_ms or 300)
+        if lid and end_ms:
+            stamped[lid] = end_ms / 1000.0
 
     def issued(lid: str) -> float | None:   # the instant of the xApp decision that issued it
         try:
@@ -162,6 +165,8 @@ def _events(mine: list, instances: list[dict], probe_end: float) -> list[dict]:
         i = issued(lid)
         if i is not None:
             end, latest, how = i + valid_ms / 1000.0, i + valid_ms / 1000.0, "xapp decision + valid_for (1 ms)"
+        elif lid in stamped:   # the broker's stamp, as the agent's status shows it
+            end, latest, how = stamped[lid], stamped[lid], "lease sent_unix_ms + valid_for (1 ms)"
         else:   # an xApp whose decisions are lost (killed): the agent's receipt, known to a world period
             end, latest = t_seen - dt + valid_ms / 1000.0, t_seen + valid_ms / 1000.0
             how = f"receipt + valid_for ({dt * 1000:.0f} ms)"
@@ -245,7 +250,7 @@ def analyse(summary: dict, gpu_sms: dict[str, float]) -> dict:
     ps, fs = _stats(period_waits), _stats(fine_waits)
     ov = ctrace.get("overhead", {})
     n_events = sum(len(s["events"]) for s in out_sites.values())
-    coarse = sum(1 for s in out_sites.values() for e in s["events"] if not e["instant"].startswith("xapp"))
+    coarse = sum(1 for s in out_sites.values() for e in s["events"] if e["instant"].startswith("receipt"))
     return {
         "deadline_misses": t["deadline_misses"],
         "deadline_misses_attributable_to_training": t["deadline_misses_attributable_to_training"],
