@@ -152,18 +152,8 @@ def test_cpu_lease_runs_on_the_leased_cores_with_the_same_core_time(tmp_path, co
 def test_green_scope_uses_set_and_pop_context_where_torch_has_no_green_streams():
     from agent.partition import green_scope
 
-    class OldTorchGreenContext:                      # torch 2.10/2.11 shape: no Stream()
-        def __init__(self):
-            self.calls = []
-
-        def set_context(self):
-            self.calls.append("set")
-
-        def pop_context(self):
-            self.calls.append("pop")
-
-    ctx = OldTorchGreenContext()
+    ctx = FakeGreenContext(8)                        # torch 2.10/2.11 shape: no Stream()
     with pytest.raises(KeyError), green_scope(ctx):
         ctx.calls.append("work")
         raise KeyError("work failed")                # the context is popped even then
-    assert ctx.calls == ["set", "work", "pop"]
+    assert ctx.calls == [("set", 8), "work", ("pop", 8)]
