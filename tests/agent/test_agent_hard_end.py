@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 
 from agent.config import LeaseClientConfig, tiny_cpu
 from agent.enforcer import LeaseTerms
-from agent.lease_client import ClockOffsetBound, LeaseClient, LeaseGranted, lease_hard_end, lease_terms
+from agent.lease_client import (
+    SENT_KEPT,
+    ClockOffsetBound,
+    LeaseClient,
+    LeaseGranted,
+    lease_hard_end,
+    lease_terms,
+)
 from agent.monitors import cpu_facts
 from agent.site_agent import SiteAgent
 from schemas.proto.weaver.v1 import lease_pb2
@@ -116,6 +123,26 @@ def test_the_client_bounds_the_offset_from_welcome_and_heartbeat_echoes():
         assert fresh.not_after is not None
         assert fresh.received_at + 1.5 < fresh.expires_at <= fresh.received_at + 2.0
         assert late.expires_at < late.received_at
+    finally:
+        client.stop()
+        broker.stop()
+
+
+def test_a_broker_that_does_not_echo_leaves_the_welcome_s_bound_and_a_bounded_send_log():
+    broker = ScriptedBroker(heartbeat_ms=5, echo_heartbeats=False)
+    broker.start()
+    client = LeaseClient(LeaseClientConfig(broker=f"127.0.0.1:{broker.port}", site_id="site-0"),
+                         cpu_facts(1)).start()
+    try:
+        assert wait_for(lambda: client.max_offset_ms is not None, 10)
+        welcome_bound = client.max_offset_ms
+        heartbeats = lambda: sum(m.WhichOneof("body") == "heartbeat" for m in broker.received)  # noqa: E731
+        assert wait_for(lambda: heartbeats() > SENT_KEPT + 10, 20)
+        sent = list(client._stream.heartbeat_ms)          # (one more while a send is being trimmed)
+        assert SENT_KEPT <= len(sent) <= SENT_KEPT + 1 and sent == list(range(sent[0], sent[0] + len(sent)))
+        assert sent[-1] > SENT_KEPT + 10
+        assert client.max_offset_ms == welcome_bound                    # no echo: no new sample
+        assert time.time() * 1e3 - time.monotonic() * 1e3 - 5 <= welcome_bound   # still above the truth
     finally:
         client.stop()
         broker.stop()
