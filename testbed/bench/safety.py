@@ -187,6 +187,18 @@ def _period_wait(mine: list, ev: dict, thr_sms: float) -> float | str:
     return "regranted" if ev["until_unix"] <= (mine[-1][0] if mine else 0.0) else "never"
 
 
+def _last_work_before(trace, ev: dict) -> float | None:
+    """How long before the event the agent last worked (a window above WORKING_CORES ended), ms: an agent
+    idle at the event already (e.g. its period's budget spent before the xApp's next decision) says 0 ms
+    to idle without having had to stop anything."""
+    t, _, rates = trace
+    if not len(t):
+        return None
+    busy = np.flatnonzero((t < ev["t_unix"]) & (rates > WORKING_CORES))
+    last = t[busy[-1]] + WINDOW_S if len(busy) else t[0]   # never worked in the trace: idle since its start
+    return (ev["t_unix"] - last) * 1000.0
+
+
 def _fine_wait(trace, ev: dict, thr_cores: float) -> float | str:
     """Event -> the first instant the agent's traced CPU rate is at its idle baseline (`idle_from`)."""
     t, cpu, rates = trace
@@ -238,13 +250,15 @@ def analyse(summary: dict, gpu_sms: dict[str, float]) -> dict:
         idle_p99, thr_cores = _idle_threshold(trace[0], trace[2], probe_end)
         pw = [_period_wait(mine, ev, thr) for ev in events]
         fw = [_fine_wait(trace, ev, thr_cores) for ev in events] if len(pts) else ["never"] * len(events)
+        lw = [_last_work_before(trace, ev) for ev in events]
         period_waits += pw
         fine_waits += fw
         out_sites[sid] = {"idle_baseline_sms_p90": base, "idle_threshold_sms": thr,
                           "idle_probe_window_rate_cores_p99": idle_p99, "idle_threshold_cores": thr_cores,
                           "events": [{**e, "until_unix": None if math.isinf(e["until_unix"]) else e["until_unix"],
-                                      "to_idle_ms_at_period": w, "to_idle_ms_traced": f}
-                                     for e, w, f in zip(events, pw, fw, strict=True)],
+                                      "to_idle_ms_at_period": w, "to_idle_ms_traced": f,
+                                      "agent_last_worked_ms_before_event": lw_}
+                                     for e, w, f, lw_ in zip(events, pw, fw, lw, strict=True)],
                           "revoke_or_expiry_to_idle_ms": [w for w in pw if not isinstance(w, str)]}
     t = summary["totals"]
     ps, fs = _stats(period_waits), _stats(fine_waits)
@@ -270,6 +284,10 @@ def analyse(summary: dict, gpu_sms: dict[str, float]) -> dict:
         # from the 2 ms CPU trace
         "revoke_or_expiry_to_idle_traced": {
             **fs, "events": n_events, "events_with_instant_known_to_a_period_only": coarse,
+            # events at which the agent was not working already (its last work ended before the instant)
+            "events_agent_already_idle": sum(1 for s in out_sites.values() for e in s["events"]
+                                             if (e["agent_last_worked_ms_before_event"] or 0.0) > 0.0),
+            # (negative: the agent was working at the event instant, and had to stop)
             "trace_interval_ms": ov.get("interval_ms", math.nan),
             "trace_sample_gap_ms_p99": ov.get("sample_gap_ms_p99", math.nan),
             "resolution_ms": ov.get("sample_gap_ms_p99", math.nan) + 1.0,   # + the event instant's 1 ms
@@ -339,7 +357,7 @@ def _f(x, fmt="{:.0f}") -> str:
 def table(rows: list[dict]) -> str:
     head = ("| fault | applied | training misses by ground truth (in idle probe) | by reported lease | beyond lease max SM·ms | total SM·s "
             "| idle baseline SMs (median) | above idle SM·s | revoke/expiry -> agent idle p50 / p99 / max ms, 2 ms CPU trace "
-            "(events, re-granted first, never) | resolution ms | same at the 100 ms period: p99 / max | leases granted (seen) "
+            "(events, agent already idle at the instant, re-granted first, never) | resolution ms | same at the 100 ms period: p99 / max | leases granted (seen) "
             "| tokens | note |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -353,7 +371,8 @@ def table(rows: list[dict]) -> str:
             f"| {_f(r.get('idle_baseline_sms_median'), '{:.1f}')} "
             f"| {_f(r['sm_ms_beyond_lease_above_idle_total'] / 1000, '{:.1f}')} "
             f"| {_f(f.get('p50_ms'), '{:.1f}')} / {_f(f.get('p99_ms'), '{:.1f}')} / {_f(f.get('max_ms'), '{:.1f}')} "
-            f"({r['revoke_or_expiry_events']}, {f.get('regranted_before_idle', 0)}, {f.get('never_idle', 0)}) "
+            f"({r['revoke_or_expiry_events']}, {f.get('events_agent_already_idle', 0)}, "
+            f"{f.get('regranted_before_idle', 0)}, {f.get('never_idle', 0)}) "
             f"| {_f(f.get('resolution_ms'), '{:.1f}')} "
             f"| {_f(r['revoke_or_expiry_to_idle_ms_p99'])} / {_f(r['revoke_or_expiry_to_idle_ms_max'])} "
             f"| {r['leases_granted']} ({r['leases_seen_by_agent']}) "

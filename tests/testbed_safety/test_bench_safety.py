@@ -82,6 +82,8 @@ def test_revoke_to_idle_beyond_lease_and_probe_misses():
     assert [e["to_idle_ms_traced"] for e in ev] == pytest.approx([12.0, 8.0], abs=2.1)
     assert f["max_ms"] == pytest.approx(12.0, abs=2.1) and f["measured"] == 2 and f["never_idle"] == 0
     assert f["resolution_ms"] == pytest.approx(3.5) and f["window_ms"] == 10.0
+    # working at both instants (its last busy window ends after them): it had to stop, it was not idle already
+    assert all(e["agent_last_worked_ms_before_event"] < 0 for e in ev) and f["events_agent_already_idle"] == 0
     # a 10 ms window holding one poll reads 0.2 core: the probe's p99, + 0.1 core
     assert a["sites"]["site-0"]["idle_probe_window_rate_cores_p99"] == pytest.approx(0.2, abs=0.01)
     assert a["sites"]["site-0"]["idle_threshold_cores"] == pytest.approx(0.3, abs=0.01)
