@@ -26,6 +26,14 @@ def wait_for(pred, timeout: float, every: float = 0.02) -> bool:
     return False
 
 
+def record_releases(agent) -> list[tuple]:
+    """For in-process tests without a stream: the agent's LeaseReleased messages are recorded instead of
+    sent, as (lease_id, reason, overrun_ms, held_sm_count) in the returned list."""
+    sent: list[tuple] = []
+    agent.client.send_release = lambda *a: sent.append(a) or True
+    return sent
+
+
 class ScriptedBroker(lease_pb2_grpc.LeaseBrokerServicer):
     def __init__(self, heartbeat_ms: int = 200, epoch: int = 1, token: str = "", offset_ms: float = 0.0,
                  echo_heartbeats: bool = True):

@@ -24,7 +24,7 @@ from agent.lease_client import (
 from agent.monitors import cpu_facts
 from agent.site_agent import SiteAgent
 from schemas.proto.weaver.v1 import lease_pb2
-from tests.agent.broker import ScriptedBroker, wait_for
+from tests.agent.broker import ScriptedBroker, record_releases, wait_for
 
 
 class Link:
@@ -150,8 +150,7 @@ def test_a_broker_that_does_not_echo_leaves_the_welcome_s_bound_and_a_bounded_se
 
 def test_an_agent_refuses_a_lease_that_arrives_past_its_hard_end(tmp_path):
     agent = SiteAgent(replace(tiny_cpu(), checkpoint_dir=str(tmp_path)), device=cpu_facts(1))
-    sent = []
-    agent.client.send_release = lambda *a: sent.append(a) or True
+    sent = record_releases(agent)
     now = agent.clock()
     ok = LeaseTerms("ok", 1, 0.05, 10.0, 1.0, now, epoch=1, seq=1)
     late = LeaseTerms("late", 1, 0.05, 10.0, 1.0, now + 0.01, epoch=1, seq=2, not_after=now - 1.0)

@@ -17,6 +17,7 @@ from agent.partition import (
     green_supported,
 )
 from agent.site_agent import SiteAgent
+from tests.agent.broker import record_releases
 
 
 class FakeGreenContext:
@@ -91,9 +92,7 @@ def cuda_agent(tmp_path, pool):
     cfg = replace(tiny_cpu(), checkpoint_dir=str(tmp_path))
     agent = SiteAgent(cfg, device=DeviceFacts("cuda", "fake GPU", 132, 8, True), trainer=Trainer(cfg.train))
     agent.partitions = pool
-    sent = []
-    agent.client.send_release = lambda *a: sent.append(a) or True
-    return agent, sent
+    return agent, record_releases(agent)
 
 
 def test_a_cuda_lease_without_a_partition_is_refused_counted_and_released(tmp_path):

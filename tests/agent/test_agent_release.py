@@ -14,7 +14,7 @@ from agent.enforcer import BudgetEnforcer, LeaseTerms
 from agent.lease_client import Disconnected, LeaseGranted, LeaseRevoked
 from agent.monitors import cpu_facts
 from agent.site_agent import SiteAgent
-from tests.agent.broker import ScriptedBroker, wait_for
+from tests.agent.broker import ScriptedBroker, record_releases, wait_for
 
 
 class Clock:
@@ -28,9 +28,7 @@ class Clock:
 def _agent(tmp_path, cores=4):
     clock = Clock()
     agent = SiteAgent(replace(tiny_cpu(), checkpoint_dir=str(tmp_path)), device=cpu_facts(cores), clock=clock)
-    sent = []
-    agent.client.send_release = lambda *a: sent.append(a) or True
-    return agent, clock, sent
+    return agent, clock, record_releases(agent)
 
 
 def lease(lease_id, seq, at, sm=2, valid=10.0, period=0.1):

@@ -12,6 +12,7 @@ from agent.config import tiny_cpu
 from agent.crosssite.agent import CrossSiteAgent
 from agent.enforcer import Idle, Launch, LeaseTerms, StepNow
 from agent.monitors import cpu_facts
+from tests.agent.broker import record_releases
 
 pytestmark = [pytest.mark.agent]
 
@@ -68,9 +69,7 @@ def _scripted_events(agent, *batches):
     """The lease client's poll() hands out these event batches, one per call, then nothing."""
     pending = list(batches)
     agent.client.poll = lambda timeout=0.0: pending.pop(0) if pending else []
-    sent = []
-    agent.client.send_release = lambda *a: sent.append(a) or True
-    return sent
+    return record_releases(agent)
 
 
 def test_a_revocation_in_the_work_phase_is_released_before_the_round_s_collectives(tmp_path):
