@@ -15,6 +15,7 @@
 | partition | both directions of the agent's TCP proxy stall (the connection stays open) | site (0), for (5) |
 | xapp-stall | SIGSTOP of the xApp process for `ms`, then SIGCONT | ms (2000) |
 | xapp-kill | SIGKILL of the xApp, restarted `down` s later with the same config (and SDL) | down (0) |
+| revoke-mid-period | repeatedly, while the site's agent is busy inside its lease (its 2 ms CPU trace), its node's last KPM report is timed so that the xApp's stale-KPM revoke (last KPM + `stale` ms) lands `~0.4` into the agent's busy stretch of a period, then KPM stays off for `down` s and resumes (the xApp re-grants); needs the CPU trace (`weaver bench safety`) | site (0), for (10), down (0.4), stale (200: the xApp's stale_periods x period) |
 | green-context-fail | agents start with WEAVER_FAULT_GREEN_CONTEXT_FAIL=1 (their green context fails to create); on a CPU agent there is none, and the timeline says "not applicable on CPU" | - |
 
 The ACK faults act in the E2 node's control reply path (`testbed.e2node.shell.AckShaper`), the proxy
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import signal
 import time
@@ -123,13 +125,22 @@ class XappKill(Fault):
 
 
 @dataclass(frozen=True)
+class RevokeMidPeriod(Fault):
+    kind = "revoke-mid-period"
+    site: int = 0
+    for_s: float = 10.0
+    down_s: float = 0.4
+    stale: float = 200.0   # ms after the last KPM the xApp revokes (its stale_periods x period_ms)
+
+
+@dataclass(frozen=True)
 class GreenContextFail(Fault):
     kind = "green-context-fail"
 
 
 KINDS: dict[str, type[Fault]] = {c.kind: c for c in (AckDelay, AckLoss, AckDuplicate, AckReorder, NodeRestart,
                                                      NodeLost, SlowReader, Partition, XappStall, XappKill,
-                                                     GreenContextFail)}
+                                                     RevokeMidPeriod, GreenContextFail)}
 SIM_KINDS = ("ack-delay", "ack-loss", "ack-dup", "ack-reorder", "node-restart", "node-lost")
 _PARAM_NAMES = {"for_s": "for", "down_s": "down", "at_s": "at"}
 _FIELD_OF = {v: k for k, v in _PARAM_NAMES.items()}
@@ -187,6 +198,7 @@ class Targets:
     xapp_ready: object | None = None               # async callable: wait until a restarted xApp is ready
     before_xapp_kill: object | None = None         # async callable: read what the xApp knows before it is lost
     agent_devices: object | None = None            # callable -> {site: device string} (AgentInspect)
+    cpu_trace: object | None = None                # testbed.groundtruth.CpuTrace, keyed by site
 
 
 @dataclass
@@ -339,6 +351,47 @@ class FaultInjector:
             await self.targets.xapp_ready(child)
         entry["note"] = f"SIGKILL pid {old}, restarted as pid {child.proc.pid}"
 
+    # -- a revoke that lands while the agent works -------------------------------------------------
+
+    async def _revoke_mid_period(self, f: RevokeMidPeriod, entry: dict) -> None:
+        """The xApp's decisions (and so its tick revokes) come when the agent has spent its period's duty
+        budget already (at the front of its period): a revoke on that grid finds it idle. A stale-KPM
+        revoke comes at the node's last KPM + `stale`, off that grid: the node's report before the planned
+        instant is held back (less than a period) so that it arrives `stale` ms before a chosen point inside
+        the agent's busy stretch, then the node stays silent for `down` s."""
+        sim = self._need("sim")
+        trace = self._need("cpu_trace")
+        if f.site not in getattr(trace, "pids", {}):
+            raise RuntimeError(f"site {f.site}'s agent is not traced")
+        period, stale = sim.period_s, f.stale / 1000.0
+        end = self.now() + f.for_s
+        planned: list = []
+        entry["events"] = planned
+        try:
+            while self.now() + stale + period + f.down_s < end:
+                phase = busy_phase(*trace.recent(f.site, 3.5 * period), period)
+                if phase is None:
+                    await asyncio.sleep(0.05)
+                    continue
+                t_on, into = phase
+                lead = stale + period + 0.03       # a cut a period away: some step before it sees it
+                k = math.ceil((time.time() + lead - t_on - into) / period)
+                target = t_on + into + k * period
+                sim.kpm_last_at[f.site] = target - stale - 0.002   # the xApp's receipt is ~1-2 ms later
+                await asyncio.sleep(max(target - time.time(), 0.0) + f.down_s)
+                sim.kpm_last_at.pop(f.site, None)
+                sim.muted.discard(f.site)
+                planned.append({"target_unix": round(target, 4), "into_busy_ms": round(into * 1000, 1),
+                                "kpm_last_sent_unix": sim.kpm_last_sent.get(f.site)})
+                await asyncio.sleep(3 * period)    # re-granted; its new lease chain sets the agent's grid
+        finally:
+            sim.kpm_last_at.pop(f.site, None)
+            sim.muted.discard(f.site)
+        entry["note"] = f"{len(planned)} stale-KPM revokes timed into the agent's work"
+        if not planned:
+            entry["applicable"] = False
+            entry["note"] = "the agent was never seen working in a steady period grid"
+
     # -- agents ------------------------------------------------------------------------------------
 
     async def _green_context_fail(self, f: GreenContextFail, entry: dict) -> None:
@@ -355,3 +408,36 @@ class FaultInjector:
         if t is None:
             raise RuntimeError(f"this run has no {what} to inject into")
         return t
+
+
+def busy_phase(t: list[float], cpu_s: list[float], period_s: float, working_cores: float = 0.5,
+               merge_s: float = 0.004) -> tuple[float, float] | None:
+    """From a recent stretch of an agent's CPU trace: (the start of its latest busy stretch, how far into a
+    busy stretch to aim), where the agent works at the front of each period of a steady grid (two busy
+    stretches starting a period apart, +-15 ms); an agent busy throughout gives (its last sample, 0).
+    Sample intervals above `working_cores` are busy; quiet gaps shorter than `merge_s` inside a stretch (an
+    optimizer step's hand-off) do not split it. The aim is 40 % into the shorter of the two stretches,
+    3..20 ms. None: no such grid (idle, or not steady yet)."""
+    if len(t) < 3:
+        return None
+    spans: list[list[float]] = []     # [start, end] of busy stretches
+    for k in range(len(t) - 1):
+        dt = t[k + 1] - t[k]
+        if dt <= 0 or (cpu_s[k + 1] - cpu_s[k]) / dt <= working_cores:
+            continue
+        if spans and t[k] - spans[-1][1] < merge_s:
+            spans[-1][1] = t[k + 1]
+        else:
+            spans.append([t[k], t[k + 1]])
+    busy = sum(b - a for a, b in spans)
+    if spans and busy >= 0.95 * (t[-1] - t[0]):
+        return t[-1], 0.0
+    for j in range(len(spans) - 1, 0, -1):
+        a, b = spans[j - 1], spans[j]
+        if abs(b[0] - a[0] - period_s) <= 0.015:
+            ongoing = b[1] >= t[-1] - merge_s   # the latest stretch may not have ended yet
+            length = a[1] - a[0] if ongoing else min(a[1] - a[0], b[1] - b[0])
+            if length < 0.006:
+                return None
+            return b[0], min(max(0.4 * length, 0.003), 0.020)
+    return None

@@ -343,6 +343,19 @@ class CpuTrace(threading.Thread):
         ok = ns >= 0
         return t[ok], ns[ok] / 1e9
 
+    def recent(self, key, span_s: float) -> tuple[list[float], list[float]]:
+        """While tracing: (unix seconds, cumulative CPU seconds) of one process over about its last
+        `span_s`, read by index (no buffer export: the tracing thread keeps appending)."""
+        ts, ns = self.t[key], self.ns[key]
+        n = min(len(ts), len(ns))   # a sample's time is appended before its CPU clock
+        if n == 0:
+            return [], []
+        k = n - 1
+        while k > 0 and ts[k - 1] >= ts[n - 1] - span_s:
+            k -= 1
+        pts = [(ts[i], ns[i] / 1e9) for i in range(k, n) if ns[i] >= 0]
+        return [a for a, _ in pts], [b for _, b in pts]
+
     def overhead(self) -> dict:
         """What tracing cost and the resolution it got (self-describing keys)."""
         wall = max(self._t1 - self._t0, 1e-9)
@@ -393,4 +406,47 @@ def idle_from(t: np.ndarray, cpu_s: np.ndarray, after: float, threshold_cores: f
             if loud[last + 1] - loud[i] == 0:
                 return max(float(t[i]), after)
         i += 1
+    return None
+
+
+def rate_before(t: np.ndarray, cpu_s: np.ndarray, at: float, span_s: float = 0.003,
+                max_gap_s: float = 0.006) -> float | None:
+    """The CPU rate (cores) of a `CpuTrace` series over its last `span_s` or more before `at`: from the
+    last sample at or before (the last sample at or before `at`) - `span_s` to that sample. None where
+    the trace does not reach that close to `at` (its last sample before it is over `max_gap_s` old)."""
+    j = int(np.searchsorted(t, at, side="right")) - 1
+    if j < 1 or at - t[j] > max_gap_s:
+        return None
+    i = int(np.searchsorted(t, t[j] - span_s, side="right")) - 1
+    if i < 0 or i == j:
+        return None
+    return float((cpu_s[j] - cpu_s[i]) / (t[j] - t[i]))
+
+
+def work_stopped_at(t: np.ndarray, cpu_s: np.ndarray, after: float, until: float = math.inf,
+                    working_cores: float = 0.5, window_s: float = 0.01, hold_s: float = 0.1,
+                    rates: np.ndarray | None = None) -> float | None:
+    """For a process that is working at `after` (e.g. when its lease is revoked mid-work): the instant
+    its work stopped, from a `CpuTrace` series. The first sample interval [t_k, t_k+1] at or after
+    `after` that runs at most `working_cores`, and from whose start no `window_s` window in the next
+    `hold_s` (cut at `until`, a new lease) runs above `working_cores` (work that resumes is not a stop);
+    the instant is t_k + the CPU time spent in that interval (its tail of work, run at one core from
+    the interval's start), so that a stop inside an interval is placed inside it, not at either end.
+    Resolution: the trace's sample gap at most (one core's worth is an upper bound on how fast a
+    single-threaded tail runs). None if it never stops before `until` or the trace's end."""
+    n = len(t)
+    if n < 2:
+        return None
+    r = window_rates(t, cpu_s, window_s) if rates is None else rates
+    loud = np.concatenate(([0], np.cumsum(r > working_cores)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        step = np.diff(cpu_s) / np.diff(t)
+    k = max(int(np.searchsorted(t, after, side="right")) - 1, 0)
+    while k < n - 1 and t[k] <= until:
+        if step[k] <= working_cores:
+            last = max(int(np.searchsorted(t, min(t[k] + hold_s, until) - window_s, side="right")) - 1, k)
+            if loud[last + 1] - loud[k] == 0:
+                tail = min(float(cpu_s[k + 1] - cpu_s[k]), float(t[k + 1] - t[k]))
+                return max(float(t[k]) + tail, after)
+        k += 1
     return None

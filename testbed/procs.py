@@ -107,6 +107,17 @@ class Supervisor:
         self._signal(child, signal.SIGKILL)
         return self._reap(child, 5.0)
 
+    def terminate(self, name: str) -> float | None:
+        """SIGTERM a child's whole group now, without waiting (it is then expected down; `stop_all` reaps
+        it later). Returns the instant (unix seconds) just before the signal, None if it was not running."""
+        child = self.get(name)
+        if not child.alive:
+            return None
+        self.expected_down.add(name)
+        t = time.time()
+        self._signal(child, signal.SIGTERM)
+        return t
+
     def restart(self, name: str) -> Child:
         """Start a (stopped or killed) child again with the same command line, environment and directory;
         the new one takes the old one's place."""

@@ -93,6 +93,11 @@ class Simulation:
         self.periods = 0
         self.stopped: set[int] = set()  # sites taken off the air (`stop_site`)
         self.muted: set[int] = set()    # sites whose node sends no KPM for now (it still answers controls)
+        # site -> unix instant: the site's last KPM report before a silence goes out at that instant (the
+        # period's report held back, less than a period), then the site is muted (`revoke-mid-period`)
+        self.kpm_last_at: dict[int, float] = {}
+        self.kpm_last_sent: dict[int, float] = {}   # site -> unix instant that held report went out
+        self._held: set[asyncio.Task] = set()
 
     @classmethod
     async def start(cls, cfg: SimConfig, sdl: SDLWrapper | None = None, scenario: Scenario | None = None) -> Simulation:
@@ -143,6 +148,14 @@ class Simulation:
             if i in self.stopped or i in self.muted:
                 continue
             m = from_period_report(report, node.node.config.site, node.node.config.gpu_sms)
+            cut = self.kpm_last_at.get(i)
+            if cut is not None and time.time() + self.period_s > cut:   # the last report before the cut
+                del self.kpm_last_at[i]
+                self.muted.add(i)
+                task = asyncio.ensure_future(self._report_at(i, node, m, now_ms, stamp, cut))
+                self._held.add(task)
+                task.add_done_callback(self._held.discard)
+                continue
             await node.report(m, now_ms, stamp)
         self.periods += 1
         await asyncio.sleep(0)  # let controls and subscriptions in before the next period
@@ -199,7 +212,16 @@ class Simulation:
             await asyncio.sleep(down_s)
         await self.start_site(site)
 
+    async def _report_at(self, site: int, node: NodeShell, m, now_ms: float, stamp: int, at: float) -> None:
+        await asyncio.sleep(max(at - time.time(), 0.0))
+        if site not in self.stopped and self.nodes[site] is node:
+            self.kpm_last_sent[site] = time.time()
+            await node.report(m, now_ms, stamp)
+
     async def close(self) -> None:
+        for t in list(self._held):
+            t.cancel()
+        await asyncio.gather(*self._held, return_exceptions=True)
         for i, n in enumerate(self.nodes):
             if i not in self.stopped:
                 await n.close()

@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -45,8 +46,16 @@ import numpy as np
 
 from testbed.cli import agent_python
 from testbed.e2node.functions import kpm_oid
-from testbed.faults import DEFAULT_AT_S, Fault, FaultInjector, Targets, agent_env, check_sites
-from testbed.groundtruth import AgentTruth, CpuTrace
+from testbed.faults import (
+    DEFAULT_AT_S,
+    Fault,
+    FaultInjector,
+    RevokeMidPeriod,
+    Targets,
+    agent_env,
+    check_sites,
+)
+from testbed.groundtruth import AgentTruth, CpuTrace, rate_before
 from testbed.model import CellConfig, Scenario, SiteConfig
 from testbed.procs import ChildFailed, Supervisor
 
@@ -179,6 +188,8 @@ class World:
         self.cpu_trace: CpuTrace | None = None
         self.injector: FaultInjector | None = None
         self.probe_end_unix: float | None = None
+        self.log_dir: Path | None = None      # the run's logs (the xApp's, for its revoke instants)
+        self.end_revoke: dict | None = None   # the xApp's SIGTERM at the end of a traced run (`end_revoke`)
         self.last_misses_training = np.zeros(n, dtype=int)
 
     def account(self, report, reported_lease_sms=None) -> None:
@@ -369,11 +380,14 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
     sim = await Simulation.start(sim_cfg, scenario=scenario)
     sup = Supervisor(log_dir=run_dir / "logs")
     world = World(sim, cfg)
+    world.log_dir = run_dir / "logs"
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     summary: dict = {}
+    keeper: asyncio.Future | None = None
+    keep = asyncio.Event()
     rounds = RoundsSeen() if cfg.cross_site else None
     proxies: dict[int, TcpProxy] = {}
     injector: FaultInjector | None = None
@@ -440,6 +454,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
 
         if cfg.record_series:
             world.xapp_views = XappViews(rest)
+        if cfg.record_series or any(isinstance(f, RevokeMidPeriod) for f in cfg.faults):
             world.cpu_trace = CpuTrace({i: tr.pid for i, tr in enumerate(truths)})
             world.cpu_trace.start()
         t0 = loop.time()
@@ -453,7 +468,8 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                 sim=sim, proxies=proxies, supervisor=sup, xapp_ready=xapp_ready,
                 before_xapp_kill=(lambda: world.xapp_views.snapshot([site_name(i) for i in range(cfg.sites)]))
                 if world.xapp_views is not None else None,
-                agent_devices=lambda: {a.site: a.last.get("device", "") for a in agents}), cfg.fault_at_s,
+                agent_devices=lambda: {a.site: a.last.get("device", "") for a in agents},
+                cpu_trace=world.cpu_trace), cfg.fault_at_s,
                 notify=lambda e, what: out(f"weaver up: fault {e['spec']} {what}s at {e[what + '_s']:.1f} s"
                                            + (f" ({e['note']})" if what == "end" and e["note"] else "")))
             world.injector = injector
@@ -529,7 +545,11 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                     await asyncio.wait_for(stop.wait(), wait)
                 except TimeoutError:
                     pass
-        # final figures, before anything is stopped
+        # final figures, before anything is stopped. A traced run ends with the xApp's SIGTERM timed into
+        # the agents' work (`end_revoke`); until then the RAN and its KPM go on (not tallied), so that the
+        # xApp revokes because it stops, not because KPM went stale while the figures are read
+        keep = asyncio.Event()
+        keeper = asyncio.ensure_future(sim.run(keep)) if world.cpu_trace is not None and cfg.record_series else None
         if sites_task is not None:
             sites_task.cancel()
             await asyncio.gather(sites_task, return_exceptions=True)
@@ -539,8 +559,6 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             out(f"weaver up: could not read the xApp's final state: {exc}")
         if world.xapp_views is not None:
             await world.xapp_views.snapshot([site_name(i) for i in range(cfg.sites)])
-        if world.cpu_trace is not None:
-            world.cpu_trace.stop()
         if rounds is not None:
             try:
                 await _read_rounds(rest, rounds)
@@ -549,8 +567,18 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         await asyncio.to_thread(probe.poll)
         if injector is not None:
             await injector.close()
+        if keeper is not None:
+            world.end_revoke = await end_revoke(sup, world.cpu_trace)
+        if world.cpu_trace is not None:
+            world.cpu_trace.stop()
+        if keeper is not None:
+            keep.set()
+            await asyncio.gather(keeper, return_exceptions=True)
         summary = build_summary(cfg, world, agents, xsites, loop.time() - t0, rounds, lighthouse)
     finally:
+        if keeper is not None and not keeper.done():
+            keep.set()
+            await asyncio.gather(keeper, return_exceptions=True)
         if injector is not None:
             await injector.close()
         if world.cpu_trace is not None:
@@ -560,6 +588,56 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             await p.close()
         await sim.close()
     return summary
+
+
+END_BUSY_WAIT_S = 0.3    # how long the end of a traced run waits for an agent at work before the SIGTERM
+END_TRACE_S = 0.4        # how long the agents are traced after it (they are stopped only after that)
+BUSY_CORES = 0.5         # an agent at work: its CPU rate over the last 3 ms above half a core
+
+
+async def end_revoke(sup: Supervisor, trace: CpuTrace) -> dict:
+    """The xApp's SIGTERM, which revokes every lease at once (RAN first), sent while an agent is at work
+    (its CPU rate over the last 3 ms of the trace above half a core; waited for up to END_BUSY_WAIT_S,
+    then sent anyway), then the agents traced for END_TRACE_S more. The instant is the signal's (taken
+    just before it): the xApp's revoke follows within its own signal handling (ms), so a time to idle
+    measured from it is an upper bound. The xApp logs no instant of these revokes."""
+    t0 = time.time()
+    rates: dict = {}
+    while True:
+        rates = {}
+        for k in trace.pids:
+            t, c = trace.recent(k, 0.006)
+            rates[site_name(k)] = rate_before(np.asarray(t), np.asarray(c), time.time()) if len(t) > 1 else None
+        if any(r is not None and r > BUSY_CORES for r in rates.values()) or time.time() - t0 >= END_BUSY_WAIT_S:
+            break
+        await asyncio.sleep(0.001)
+    t_sig = sup.terminate("xapp")
+    if t_sig is not None:
+        await asyncio.sleep(max(t_sig + END_TRACE_S - time.time(), 0.0))
+    return {"sigterm_unix": t_sig, "waited_for_work_s": round((t_sig or time.time()) - t0, 4),
+            "rate_before_cores": rates, "traced_after_s": END_TRACE_S,
+            "instant": "SIGTERM to the xApp (its revoke follows within ms: an upper bound)"}
+
+
+_REVOKED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \S+ \S+: site (\S+): lease revoked \((.*)\)\s*$")
+
+
+def xapp_revokes(log_path: Path) -> list[list]:
+    """The control loop's revokes as the xApp logged them ("site S: lease revoked (reason)", logged right
+    after the revoke was queued to the agent's stream; every xApp instance of the run appends to the same
+    log): [[t_unix, site, reason]], to the log's 1 ms. Revokes at shutdown and by the broker itself (a
+    dropped stream) are not logged this way."""
+    out = []
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        m = _REVOKED.match(line)
+        if m:
+            t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000.0
+            out.append([t, m.group(3), m.group(4)])
+    return out
 
 
 def shutdown(sup: Supervisor, timeout: float) -> None:
@@ -645,6 +723,10 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
                                      "lease_hard_end_unix_ms", "dt_s", "lease_valid_for_ms",
                                      "misses_training"], "rows": world.series}
         out["idle_probe_end_unix"] = world.probe_end_unix
+        out["end_revoke"] = world.end_revoke
+        out["xapp_revokes"] = {"columns": ["t_unix", "site", "reason"],
+                               "rows": xapp_revokes(world.log_dir / "xapp.log") if world.log_dir else [],
+                               "source": "the xApp's log line per control-loop revoke (1 ms)"}
         v = world.xapp_views
         out["xapp_views"] = {"columns": ["t_unix", "grant_sms"], "instances": v.instances if v else [],
                              "failures": v.failures if v else []}

@@ -34,6 +34,19 @@ Per row, all from the platform's side:
     (p90 + 1 % of the GPU): 100 ms resolution (`revoke_or_expiry_to_idle_ms_*`).
   Events in the idle probe are not counted; an event followed by a new lease before the agent went idle
   counts as "re-granted first", one after which it never went idle as "never";
+- revokes while the agent works, and how long until its work stopped (`revoke_while_busy_to_stopped`).
+  The xApp decides on its own 100 ms grid, and the agent spends its period's duty budget at the front of
+  its period, which starts with the lease's arrival: a revoke at a decision finds the agent idle already
+  (`events_agent_already_idle` above), so the waits above say nothing about stopping work. Two revokes
+  land off that grid, each with a platform-side instant: every control-loop revoke the xApp logs (1 ms;
+  the `revoke-mid-period` row times stale-KPM revokes, last KPM + 2 periods, into the agent's busy
+  stretch, several per run) and the xApp's SIGTERM at the end of every run (sent while the agent works,
+  `testbed.up.end_revoke`; its revoke follows within the xApp's signal handling, so the wait from the
+  signal is an upper bound). An event counts as busy when the agent's CPU rate over the 3 ms before it
+  is above half a core; the wait ends where its traced work stops (`work_stopped_at`: the first trace
+  interval at or below half a core with no 10 ms window above it for 100 ms, placed inside the interval
+  by the CPU time spent in it). Resolution: the trace's p99 sample gap + the instant's 1 ms. The target:
+  one planned micro-batch, the enforcer's edge fraction 0.2 x the 100 ms period = 20 ms;
 - leases granted (the xApp's counter: after an xApp restart, the new instance's) and leases the agent
   was seen holding (distinct lease ids), and tokens trained.
 """
@@ -51,10 +64,10 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.groundtruth import idle_from, window_rates
+from testbed.groundtruth import idle_from, rate_before, window_rates, work_stopped_at
 
 ORDER = ("none", "ack-delay", "ack-loss", "ack-dup", "ack-reorder", "node-restart", "node-lost", "slow-reader",
-         "partition", "xapp-stall", "xapp-kill", "green-context-fail")
+         "partition", "revoke-mid-period", "xapp-stall", "xapp-kill", "green-context-fail")
 
 
 def fault_spec(name: str, for_s: float) -> str | None:
@@ -70,6 +83,7 @@ def fault_spec(name: str, for_s: float) -> str | None:
         "node-lost": f"node-lost:site=0,down={f}",
         "slow-reader": f"slow-reader:site=0,for={f},rate=256",
         "partition": f"partition:site=0,for={f}",
+        "revoke-mid-period": f"revoke-mid-period:site=0,for={f}",
         "xapp-stall": f"xapp-stall:ms={for_s * 1000:g}",
         "xapp-kill": "xapp-kill:down=1",
         "green-context-fail": "green-context-fail",
@@ -91,6 +105,7 @@ IDLE_MARGIN_CORES = 0.10   # idle: CPU rate over a window <= the idle probe's p9
 IDLE_CAP_CORES = 0.5       # ... and never above half a core (a probe with start-up work in it must not hide work)
 IDLE_DEFAULT_CORES = 0.2   # without an idle probe in the trace
 WORKING_CORES = 0.5        # work resumed: a window more than half on CPU (a host burst, e.g. a reconnect, is less)
+BUSY_SPAN_S = 0.003        # busy at an instant: the CPU rate over the last 3 ms before it above WORKING_CORES
 
 
 def _idle_threshold(t: np.ndarray, rates: np.ndarray, probe_end: float) -> tuple[float, float]:
@@ -119,15 +134,11 @@ def _xapp_instances(summary: dict, sid: str) -> list[dict]:
     return out
 
 
-def _events(mine: list, instances: list[dict], probe_end: float) -> list[dict]:
-    """Revokes and expiries of one site (module docstring), each with the instant the agent must be idle
-    from, how that instant is known, and `until`: the earliest a newer lease can have reached the agent."""
-    revokes = []
-    for inst in instances:
-        vs = inst["views"]
-        for (_, g0), (t, g) in zip(vs, vs[1:], strict=False):
-            if g0 > 0 and g == 0 and t >= probe_end:
-                revokes.append(t)
+def _leases(mine: list, instances: list[dict]):
+    """The leases the agent was seen holding: (first seen {lease id: (t, period, valid_for_ms)}, the
+    broker's stamped hard ends, issued(lid): the instant of the xApp decision that issued it or None,
+    received_from(lid): the earliest the agent can have received it, next_lease(t): the earliest a lease
+    newer than instant t can have reached the agent (an xApp grant or a lease first seen after t))."""
     all_grants = sorted(t for inst in instances for t in inst["grants"])
     first_seen: dict[str, tuple[float, float, int]] = {}   # lease id -> (first seen, period, valid_for_ms)
     stamped: dict[str, float] = {}                          # lease id -> sent_unix_ms + valid_for_ms, if the agent shows it
@@ -154,10 +165,25 @@ def _events(mine: list, instances: list[dict], probe_end: float) -> list[dict]:
         i = issued(lid)
         return max(t - dt, i if i is not None else -math.inf)
 
+    def next_lease(t: float) -> float:
+        return min(min((g for g in all_grants if g > t), default=math.inf),
+                   min((received_from(lid) for lid in first_seen if received_from(lid) > t), default=math.inf))
+
+    return first_seen, stamped, issued, received_from, next_lease
+
+
+def _events(mine: list, instances: list[dict], probe_end: float) -> list[dict]:
+    """Revokes and expiries of one site (module docstring), each with the instant the agent must be idle
+    from, how that instant is known, and `until`: the earliest a newer lease can have reached the agent."""
+    revokes = []
+    for inst in instances:
+        vs = inst["views"]
+        for (_, g0), (t, g) in zip(vs, vs[1:], strict=False):
+            if g0 > 0 and g == 0 and t >= probe_end:
+                revokes.append(t)
+    first_seen, stamped, issued, received_from, next_lease = _leases(mine, instances)
     order = sorted(first_seen, key=lambda lid: first_seen[lid][0])
-    seen_after = lambda t: min((received_from(lid) for lid in order if received_from(lid) > t), default=math.inf)  # noqa: E731
-    out = [{"t_unix": t, "kind": "revoke", "instant": "xapp decision (1 ms)",
-            "until_unix": min(min((g for g in all_grants if g > t), default=math.inf), seen_after(t))}
+    out = [{"t_unix": t, "kind": "revoke", "instant": "xapp decision (1 ms)", "until_unix": next_lease(t)}
            for t in revokes]
     last_t = mine[-1][0] if mine else 0.0
     for k, lid in enumerate(order):
@@ -209,6 +235,35 @@ def _fine_wait(trace, ev: dict, thr_cores: float) -> float | str:
     return "regranted" if len(t) and ev["until_unix"] <= t[-1] else "never"
 
 
+def _busy_revokes(summary: dict, sid: str, mine: list, instances: list[dict], trace, probe_end: float) -> list[dict]:
+    """Revokes whose instant the platform knows off the xApp's decision grid, and whether the agent was at
+    work then (its CPU rate over the last BUSY_SPAN_S above WORKING_CORES: `rate_before`); for those, how
+    long until its work stopped (`work_stopped_at`). The instants: every control-loop revoke of the site
+    the xApp logged (1 ms; a stale-KPM revoke comes at the last KPM + 2 periods, off the decision grid:
+    the `revoke-mid-period` fault times it into the agent's work), and the xApp's SIGTERM at the end of
+    the run (`testbed.up.end_revoke`: sent while the agent works; the xApp's revoke follows within its
+    signal handling, so the wait measured from the signal is an upper bound)."""
+    next_lease = _leases(mine, instances)[4]
+    evs = [{"t_unix": float(t), "kind": f"revoke ({reason})", "instant": "xapp log (1 ms)", "until_unix": next_lease(t)}
+           for t, site, reason in (summary.get("xapp_revokes") or {}).get("rows", [])
+           if site == sid and t >= probe_end]
+    end = summary.get("end_revoke") or {}
+    if end.get("sigterm_unix"):
+        evs.append({"t_unix": float(end["sigterm_unix"]), "kind": "revoke (xapp-shutdown)",
+                    "instant": "SIGTERM to the xApp (upper bound)", "until_unix": math.inf})
+    t, cpu, rates = trace
+    for e in evs:
+        r = rate_before(t, cpu, e["t_unix"], BUSY_SPAN_S) if len(t) > 1 else None
+        e["rate_before_cores"] = r
+        e["busy"] = r is not None and r > WORKING_CORES
+        e["to_stopped_ms"] = None
+        if e["busy"]:
+            stop = work_stopped_at(t, cpu, e["t_unix"], e["until_unix"], WORKING_CORES, WINDOW_S, HOLD_S, rates)
+            e["to_stopped_ms"] = ((stop - e["t_unix"]) * 1000.0 if stop is not None
+                                  else "regranted" if e["until_unix"] <= t[-1] else "never")
+    return sorted(evs, key=lambda e: e["t_unix"])
+
+
 def _stats(waits: list) -> dict:
     ms = [w for w in waits if not isinstance(w, str)]
     return {"p50_ms": _pct(ms, 50), "p99_ms": _pct(ms, 99), "max_ms": max(ms) if ms else math.nan,
@@ -223,6 +278,7 @@ def analyse(summary: dict, gpu_sms: dict[str, float]) -> dict:
     out_sites = {}
     period_waits: list = []
     fine_waits: list = []
+    busy_events: list = []
     beyond_max = beyond_total = above_idle_total = 0.0
     misses_post = misses_probe = 0
     leases_seen = 0
@@ -251,6 +307,8 @@ def analyse(summary: dict, gpu_sms: dict[str, float]) -> dict:
         pw = [_period_wait(mine, ev, thr) for ev in events]
         fw = [_fine_wait(trace, ev, thr_cores) for ev in events] if len(pts) else ["never"] * len(events)
         lw = [_last_work_before(trace, ev) for ev in events]
+        bw = _busy_revokes(summary, sid, mine, _xapp_instances(summary, sid), trace, probe_end)
+        busy_events += bw
         period_waits += pw
         fine_waits += fw
         out_sites[sid] = {"idle_baseline_sms_p90": base, "idle_threshold_sms": thr,
@@ -259,13 +317,28 @@ def analyse(summary: dict, gpu_sms: dict[str, float]) -> dict:
                                       "to_idle_ms_at_period": w, "to_idle_ms_traced": f,
                                       "agent_last_worked_ms_before_event": lw_}
                                      for e, w, f, lw_ in zip(events, pw, fw, lw, strict=True)],
-                          "revoke_or_expiry_to_idle_ms": [w for w in pw if not isinstance(w, str)]}
+                          "revoke_or_expiry_to_idle_ms": [w for w in pw if not isinstance(w, str)],
+                          "revokes_off_the_decision_grid": [{**e, "until_unix": None if math.isinf(e["until_unix"])
+                                                             else e["until_unix"]} for e in bw]}
     t = summary["totals"]
     ps, fs = _stats(period_waits), _stats(fine_waits)
     ov = ctrace.get("overhead", {})
     n_events = sum(len(s["events"]) for s in out_sites.values())
     coarse = sum(1 for s in out_sites.values() for e in s["events"] if e["instant"].startswith("receipt"))
+    bs = _stats([e["to_stopped_ms"] for e in busy_events if e["busy"]])
+    busy = {
+        **bs, "revokes": len(busy_events), "busy_at_instant": sum(1 for e in busy_events if e["busy"]),
+        "busy_at_instant_stale_kpm": sum(1 for e in busy_events if e["busy"] and "stale-kpm" in e["kind"]),
+        "busy_at_instant_xapp_shutdown": sum(1 for e in busy_events if e["busy"] and "shutdown" in e["kind"]),
+        "not_traced_at_instant": sum(1 for e in busy_events if e["rate_before_cores"] is None),
+        "resolution_ms": ov.get("sample_gap_ms_p99", math.nan) + 1.0,   # + the instant's 1 ms (the log's)
+        "busy": f"CPU rate over the last {BUSY_SPAN_S * 1000:g} ms before the instant above {WORKING_CORES:g} core",
+        "stopped": f"the first trace interval after the instant at or below {WORKING_CORES:g} core with no "
+                   f"{WINDOW_S * 1000:g} ms window above it in the next {HOLD_S * 1000:g} ms, placed inside the "
+                   "interval by the CPU time spent in it",
+        "target_ms": 0.2 * 100.0}   # one planned micro-batch: the enforcer's edge fraction x the 100 ms period
     return {
+        "revoke_while_busy_to_stopped": busy,
         "deadline_misses": t["deadline_misses"],
         "deadline_misses_attributable_to_training": t["deadline_misses_attributable_to_training"],
         "deadline_misses_attributable_to_training_after_probe": misses_post,
@@ -318,6 +391,9 @@ def run_one(name: str, args, log_out) -> dict:
         # the xApp sends RC control only when an envelope changes: a handful per run, most of them as KPM
         # starts to flow. An ACK fault therefore starts with KPM (the end of the idle probe) and lasts 60 %
         at_s, for_s = 0.0, round(args.duration * 0.6, 1)
+    elif name == "revoke-mid-period":
+        # one revoke per ~1 s cycle (lead, KPM silence, re-grant): as many as fit from 15 % for 70 %
+        at_s, for_s = round(args.duration * 0.15, 1), round(args.duration * 0.7, 1)
     spec = fault_spec(name, for_s)
     faults = parse_faults([spec] if spec else [], at_s)
     run_dir = Path(tempfile.mkdtemp(prefix=f"weaver-safety-{name}-"))
@@ -357,11 +433,14 @@ def _f(x, fmt="{:.0f}") -> str:
 def table(rows: list[dict]) -> str:
     head = ("| fault | applied | training misses by ground truth (in idle probe) | by reported lease | beyond lease max SM·ms | total SM·s "
             "| idle baseline SMs (median) | above idle SM·s | revoke/expiry -> agent idle p50 / p99 / max ms, 2 ms CPU trace "
-            "(events, agent already idle at the instant, re-granted first, never) | resolution ms | same at the 100 ms period: p99 / max | leases granted (seen) "
+            "(events, agent already idle at the instant, re-granted first, never) | resolution ms | same at the 100 ms period: p99 / max "
+            "| revoke while busy -> work stopped p50 / p99 / max ms, 2 ms CPU trace (busy at the instant / revokes off the grid; "
+            "of them stale-KPM, shutdown) | leases granted (seen) "
             "| tokens | note |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         f = r.get("revoke_or_expiry_to_idle_traced") or {}
+        b = r.get("revoke_while_busy_to_stopped") or {}
         lines.append(
             f"| {r['fault']} | {'yes' if r['applied'] else 'no'} "
             f"| {r['deadline_misses_attributable_to_training_after_probe']} "
@@ -375,6 +454,11 @@ def table(rows: list[dict]) -> str:
             f"{f.get('regranted_before_idle', 0)}, {f.get('never_idle', 0)}) "
             f"| {_f(f.get('resolution_ms'), '{:.1f}')} "
             f"| {_f(r['revoke_or_expiry_to_idle_ms_p99'])} / {_f(r['revoke_or_expiry_to_idle_ms_max'])} "
+            f"| {_f(b.get('p50_ms'), '{:.1f}')} / {_f(b.get('p99_ms'), '{:.1f}')} / {_f(b.get('max_ms'), '{:.1f}')} "
+            f"({b.get('busy_at_instant', 0)} / {b.get('revokes', 0)}; {b.get('busy_at_instant_stale_kpm', 0)}, "
+            f"{b.get('busy_at_instant_xapp_shutdown', 0)}"
+            + (f"; re-granted {b['regranted_before_idle']}" if b.get("regranted_before_idle") else "")
+            + (f"; never {b['never_idle']}" if b.get("never_idle") else "") + ") "
             f"| {r['leases_granted']} ({r['leases_seen_by_agent']}) "
             f"| {r['tokens_trained']} | {r['note'][:90]} |")
     return "\n".join(lines)
@@ -438,7 +522,9 @@ def run(args) -> int:
               f"{row['deadline_misses_attributable_to_training_after_probe']} "
               f"(+{row['deadline_misses_attributable_to_training_in_probe']} in the idle probe), beyond lease max "
               f"{row['sm_ms_beyond_lease_max']:.0f} SM·ms, to idle max "
-              f"{_f(row['revoke_or_expiry_to_idle_traced']['max_ms'], '{:.1f}')} ms (traced)",
+              f"{_f(row['revoke_or_expiry_to_idle_traced']['max_ms'], '{:.1f}')} ms (traced); revoked while busy "
+              f"{row['revoke_while_busy_to_stopped']['busy_at_instant']}/{row['revoke_while_busy_to_stopped']['revokes']}, "
+              f"stopped p99 {_f(row['revoke_while_busy_to_stopped']['p99_ms'], '{:.1f}')} ms",
               flush=True)
     print()
     print(table(rows))

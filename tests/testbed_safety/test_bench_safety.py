@@ -103,13 +103,14 @@ def test_an_agent_that_never_goes_idle_is_censored():
 def test_bench_safety_quick_end_to_end(repo_root, tmp_path):
     out_json = tmp_path / "safety.json"
     proc = subprocess.run([str(repo_root / ".venv-xapp" / "bin" / "weaver"), "bench", "safety", "--quick",
-                           "--faults", "xapp-stall,ack-loss", "--json", str(out_json)],
+                           "--faults", "xapp-stall,ack-loss,revoke-mid-period", "--json", str(out_json)],
                           cwd=repo_root, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| fault | applied | training misses by ground truth" in proc.stdout
     assert "2 ms CPU trace" in proc.stdout and "| resolution ms |" in proc.stdout
+    assert "revoke while busy -> work stopped" in proc.stdout
     doc = json.loads(out_json.read_text())
-    assert [r["fault"] for r in doc["rows"]] == ["none", "xapp-stall", "ack-loss"]
+    assert [r["fault"] for r in doc["rows"]] == ["none", "xapp-stall", "ack-loss", "revoke-mid-period"]
     for r in doc["rows"]:
         for key in ("deadline_misses_attributable_to_training_after_probe", "sm_ms_beyond_lease_max",
                     "sm_ms_beyond_lease_total", "revoke_or_expiry_to_idle_ms_p50", "revoke_or_expiry_to_idle_ms_p99",
@@ -123,10 +124,23 @@ def test_bench_safety_quick_end_to_end(repo_root, tmp_path):
             assert key in f, key
         assert r["cpu_trace"]["sites"]["site-0"] and r["cpu_trace"]["overhead"]["samples"] > 0
         assert r["xapp_views"]["instances"] and not r["xapp_views"]["failures"]
+        b = r["revoke_while_busy_to_stopped"]
+        for key in ("p50_ms", "p99_ms", "max_ms", "measured", "revokes", "busy_at_instant", "busy_at_instant_stale_kpm",
+                    "busy_at_instant_xapp_shutdown", "regranted_before_idle", "never_idle", "resolution_ms", "target_ms"):
+            assert key in b, key
+        # every run ends with the xApp's SIGTERM, sent while the agent works, and traced past it
+        end = r["summary"]["end_revoke"]
+        assert end["sigterm_unix"] and end["traced_after_s"] > 0
+        assert r["cpu_trace"]["sites"]["site-0"][-1][0] >= end["sigterm_unix"] + 0.3
     stall = doc["rows"][1]["timeline"][0]
     assert stall["kind"] == "xapp-stall" and stall["end_s"] > stall["start_s"]
     assert doc["rows"][2]["timeline"][0]["counts"]["acks"] > 0  # applied: an ACK was there to lose
     assert doc["rows"][0]["tokens_trained"] > 0
+    # several stale-KPM revokes timed into the agent's work, each logged by the xApp, most of them busy
+    mid = doc["rows"][3]
+    assert len(mid["timeline"][0]["events"]) >= 2, mid["timeline"]
+    b = mid["revoke_while_busy_to_stopped"]
+    assert b["busy_at_instant_stale_kpm"] >= 2 and b["measured"] >= 2, b
 
 
 def test_a_new_lease_before_idle_is_counted_apart():
@@ -148,3 +162,31 @@ def test_a_restarted_xapp_continues_the_lease_seqs():
     [ev] = a["sites"]["site-0"]["events"]
     assert ev["kind"] == "expiry" and ev["t_unix"] == pytest.approx(10.42)
     assert ev["instant"].startswith("xapp decision")
+
+
+def test_revokes_while_busy_are_measured_apart():
+    """A stale-KPM revoke the xApp logged mid-work (busy until 7 ms after it), a tick revoke while idle, and
+    the end-of-run SIGTERM mid-work (busy until 13 ms after it): only the busy ones are timed (the trace's
+    samples at odd ms: the busy stretches end on them)."""
+    rows = [_row(10.1, 50.0, 50.0, "s.1.1"), _row(10.2, 50.0, 50.0, "s.1.2"), _row(10.3, 20.0, 0.0),
+            _row(10.4, 1.0, 0.0), _row(10.5, 1.0, 0.0), _row(10.6, 50.0, 50.0, "s.1.3"), _row(10.7, 50.0, 0.0),
+            _row(10.8, 1.0, 0.0), _row(10.9, 50.0, 50.0, "s.1.4"), _row(11.0, 50.0, 50.0, "s.1.4")]
+    views = [[10.05, 50], [10.15, 50], [10.25, 0], [10.55, 50], [10.65, 0], [10.85, 50]]
+    trace = _trace([(10.05, 10.10), (10.15, 10.237), (10.55, 10.60), (10.85, 10.90), (10.95, 11.013)],
+                   t0=10.001, t1=11.3)
+    s = _summary(rows, views, trace=trace)
+    s["xapp_revokes"] = {"rows": [[10.23, "site-0", "stale-kpm"], [10.65, "site-0", "grant-zero"],
+                                  [10.66, "site-1", "stale-kpm"], [9.5, "site-0", "stale-kpm"]]}
+    s["end_revoke"] = {"sigterm_unix": 11.0}
+    a = analyse(s, {"site-0": 100.0})
+    b = a["revoke_while_busy_to_stopped"]
+    assert b["revokes"] == 3 and b["busy_at_instant"] == 2       # site-1's and the idle probe's are not counted
+    assert b["busy_at_instant_stale_kpm"] == 1 and b["busy_at_instant_xapp_shutdown"] == 1
+    ev = a["sites"]["site-0"]["revokes_off_the_decision_grid"]
+    assert [e["busy"] for e in ev] == [True, False, True]
+    assert ev[0]["to_stopped_ms"] == pytest.approx(7.0, abs=0.1) and ev[1]["to_stopped_ms"] is None
+    assert ev[2]["to_stopped_ms"] == pytest.approx(13.0, abs=0.1)
+    assert ev[0]["until_unix"] == pytest.approx(10.55)   # the xApp granted again (s.1.3) at 10.55
+    assert b["max_ms"] == pytest.approx(13.0, abs=0.1) and b["measured"] == 2 and b["target_ms"] == 20.0
+    assert b["resolution_ms"] == pytest.approx(3.5)
+    assert "revoke while busy" in table([{"fault": "x", "applied": True, "note": "", **a}])

@@ -17,11 +17,13 @@ from testbed.faults import (
     NodeLost,
     NodeRestart,
     Partition,
+    RevokeMidPeriod,
     SlowReader,
     Targets,
     XappKill,
     XappStall,
     agent_env,
+    busy_phase,
     check_sites,
     parse_fault,
     parse_faults,
@@ -374,3 +376,30 @@ def test_node_restart_and_lost_node_in_the_simulation():
     assert after_loss == (60.0, setups + 2, False)  # a lost node keeps its RC state
     assert [e["kind"] for e in timeline] == ["node-restart", "node-lost"]
 
+
+
+def _cpu(busy, t0=0.0, t1=0.35, step=0.002):
+    t = [t0 + k * step for k in range(int((t1 - t0) / step))]
+    cpu, c = [], 0.0
+    for x in t:
+        cpu.append(c)
+        if any(a <= x < b for a, b in busy):
+            c += step
+    return t, cpu
+
+
+def test_busy_phase_finds_the_agents_period_grid():
+    # busy 40 ms at the front of each 100 ms period from 0.012, with a 2 ms hand-off inside each stretch
+    busy = [(s, s + 0.02) for s in (0.012, 0.112, 0.212, 0.312)] + \
+           [(s + 0.022, s + 0.04) for s in (0.012, 0.112, 0.212, 0.312)]
+    t, cpu = _cpu(busy)
+    t_on, into = busy_phase(t, cpu, 0.1)
+    assert t_on == pytest.approx(0.312) and into == pytest.approx(0.016, abs=0.001)   # 40 % of 40 ms
+    t, cpu = _cpu([(0.0, 0.35)])
+    assert busy_phase(t, cpu, 0.1) == (t[-1], 0.0)            # busy throughout: any instant
+    t, cpu = _cpu([])
+    assert busy_phase(t, cpu, 0.1) is None                     # idle
+    t, cpu = _cpu([(0.05, 0.09), (0.2, 0.24)])                 # not a period apart: no grid yet
+    assert busy_phase(t, cpu, 0.1) is None
+    f = parse_fault("revoke-mid-period:site=0,for=8,down=0.3")
+    assert isinstance(f, RevokeMidPeriod) and f.for_s == 8.0 and f.down_s == 0.3 and f.stale == 200.0

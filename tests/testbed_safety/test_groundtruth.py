@@ -14,9 +14,11 @@ from testbed.groundtruth import (
     IdleBaseline,
     ProcCpuSampler,
     idle_from,
+    rate_before,
     site_sms,
     stat_cpu_s,
     window_rates,
+    work_stopped_at,
 )
 
 SPIN = """
@@ -184,3 +186,36 @@ def test_idle_needs_the_quiet_to_hold():
     assert idle_from(t, cpu_b, 0.0, 0.05, window_s=0.01, hold_s=0.1) == pytest.approx(0.093)
     rates = window_rates(t, cpu, 0.01)
     assert rates[0] == pytest.approx(1.0) and rates[200] == 0.0 and np.isinf(rates[-1])
+
+
+def _clock(busy, t0=0.0, t1=0.4, step=0.002):
+    """A CPU clock sampled every `step` from `t0`: one core busy within each (start, end) of `busy`."""
+    t = np.arange(t0, t1, step)
+    fine = np.arange(t0, t1 + step, 1e-5)
+    on = np.zeros(len(fine))
+    for a, b in busy:
+        on[(fine >= a) & (fine < b)] = 1.0
+    cum = np.concatenate(([0.0], np.cumsum(on[:-1] * 1e-5)))
+    return t, np.interp(t, fine, cum)
+
+
+def test_work_stopped_at_a_revoke_mid_work():
+    # revoked at t0 = 0.1 while working; busy until t0 + 7 ms, then idle: 7 ms, on the sample grid (samples
+    # at 0.001 + 2k ms) and inside a sample interval alike (samples every 2 ms from 0: 7 ms lies in [6, 8])
+    for start in (0.001, 0.0):
+        t, cpu = _clock([(0.0, 0.107)], t0=start)
+        stop = work_stopped_at(t, cpu, 0.1)
+        assert stop is not None and (stop - 0.1) * 1000 == pytest.approx(7.0, abs=0.05)
+    # busy at the instant: ~1 core over the last 3 ms; idle later
+    assert rate_before(t, cpu, 0.1) == pytest.approx(1.0)
+    assert rate_before(t, cpu, 0.2) == pytest.approx(0.0)
+    assert rate_before(t, cpu, 0.5) is None      # past the trace's end: unknown, not idle
+    # work that resumes within the hold (a 5 ms gap, then 30 ms more) is not a stop; a stop cut by a new
+    # lease before the hold has passed is none either
+    t, cpu = _clock([(0.0, 0.107), (0.112, 0.142)])
+    assert (work_stopped_at(t, cpu, 0.1) - 0.1) * 1000 == pytest.approx(42.0, abs=0.05)
+    t, cpu = _clock([(0.0, 0.107)])
+    assert work_stopped_at(t, cpu, 0.1, until=0.12) == pytest.approx(0.107, abs=5e-5)  # the hold is cut at until
+    assert work_stopped_at(t, cpu, 0.1, until=0.105) is None                             # re-granted first
+    t, cpu = _clock([(0.0, 0.4)])
+    assert work_stopped_at(t, cpu, 0.1) is None                                          # never stops
