@@ -72,8 +72,8 @@ async def _rest():
             pts = (await req("GET", "/api/v1/sites/site-a/series?minutes=1"))[1]["points"]
             assert all(p["fresh"] is False and p["grant_sms"] == 0 for p in pts)   # no KPM yet: no grants
             # what each period's grant rests on: static discovery, no node controlled yet -> a forecast
-            assert pts and all(p["basis"] in ("envelope", "forecast") and "slack_sms" in p for p in pts)
-            assert site["safety"]["basis"] == pts[-1]["basis"] and site["safety"]["leased_sms_held"] == 0
+            assert all(p["basis"] == "forecast" and p["slack_sms"] >= 0 for p in pts)   # may be none yet
+            assert site["safety"]["basis"] == "forecast" and site["safety"]["leased_sms_held"] == 0
             assert (await req("GET", "/api/v1/agents"))[1] == {"agents": [], "epoch": x.epoch}
             assert (await req("GET", "/api/v1/transfers"))[1] == {"transfers": []}
             assert (await req("GET", "/api/v1/controls"))[1] == {"controls": []}
