@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                          on_transfer_plan=lambda p: emit("transfer", **p.__dict__))
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    emit("start", site_id=args.site_id, worker_rank=args.worker_rank, workers=args.workers)
+    emit("start", site_id=args.site_id, worker_rank=args.worker_rank, workers=args.workers,
+         val_loss=trainer.evaluate())   # the untrained model: what "the loss falls" is measured against
     done = 0
     try:
         while not stopping and (args.rounds == 0 or done < args.rounds):

