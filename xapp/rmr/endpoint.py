@@ -4,8 +4,13 @@ One listening port; one dialled connection per endpoint *name*, opened lazily on
 the next send after a loss, with an exponential backoff between failed dials. Frames are read on every
 socket, accepted and dialled. Outgoing frames are queued per connection and written together once the
 sender yields (or a batch fills), so a burst costs one syscall, not one per message; `send` waits when the
-kernel buffer is full. The receive queue is bounded: past `queue_size` the endpoint stops reading sockets
-until the application catches up (nothing is dropped).
+kernel buffer is full. The receive queue is bounded: past `queue_size` messages (or `max_buffered` payload
+bytes) the endpoint stops reading sockets until the application catches up (nothing is dropped).
+
+Hostile peers are bounded too (issue 13): a frame announcing more than `max_frame` closes its connection
+before anything is buffered; the partial frames of all connections together may hold `max_buffered` bytes,
+past that the biggest holder is closed; at most `max_connections` accepted connections are kept, the least
+recently active one is closed to make room; per-connection warnings are rate-limited.
 """
 from __future__ import annotations
 
@@ -34,6 +39,9 @@ from .routes import Router
 log = logging.getLogger("xapp.rmr")
 
 FLUSH_BYTES = 256 << 10  # write at once when this much is queued on one connection
+DEFAULT_MAX_BUFFERED = 256 << 20  # partial frames of all connections together (and, apart, queued payloads)
+DEFAULT_MAX_CONNECTIONS = 1024  # accepted connections; dialled ones are bounded by the route table
+HEALTH_IN_FLIGHT = 64  # health-check answers dial the sender's src: a flood must not pile up dials
 HEALTH_OK = b"OK\n"
 _HEALTH_REQ = int(Mtype.HEALTH_CHECK_REQ)  # a plain int: comparing to an enum member costs ~0.4 us per frame
 
@@ -125,6 +133,33 @@ class EndpointStats:
     health_checks: int = 0
     dials: int = 0
     dial_failures: int = 0
+    overflow_closes: int = 0  # connections closed because all partial frames together passed max_buffered
+    connections_evicted: int = 0  # accepted connections closed to stay within max_connections
+    health_dropped: int = 0  # health checks not answered: HEALTH_IN_FLIGHT answers were already under way
+
+
+class _LogBudget:
+    """At most `burst` lines per `window_s` for one kind of per-connection warning; the next line let
+    through says how many were held back. A peer that reconnects to send garbage must not flood the log."""
+
+    def __init__(self, burst: int = 10, window_s: float = 10.0):
+        self.burst, self.window_s = burst, window_s
+        self._start = float("-inf")
+        self._used = 0
+        self.held_back = 0
+
+    def allow(self, now: float) -> bool:
+        if now - self._start >= self.window_s:
+            self._start, self._used = now, 0
+        self._used += 1
+        if self._used <= self.burst:
+            return True
+        self.held_back += 1
+        return False
+
+    def take_held(self) -> str:
+        held, self.held_back = self.held_back, 0
+        return f" ({held} similar lines held back)" if held else ""
 
 
 class _Link(asyncio.Protocol):
@@ -143,6 +178,8 @@ class _Link(asyncio.Protocol):
         self._flush_pending = False
         self._writable: asyncio.Future | None = None
         self.gone: asyncio.Future = asyncio.get_running_loop().create_future()  # set by connection_lost
+        self.held = 0  # bytes of this connection's partial frame, as counted in the endpoint's total
+        self.last_rx = 0.0  # endpoint clock of the last bytes received (or of the connect)
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------
 
@@ -157,30 +194,57 @@ class _Link(asyncio.Protocol):
                 pass
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.ep._links.add(self)
-        if self.ep._inbox_paused:
+        ep = self.ep
+        self.last_rx = ep.clock()
+        if self.name is None:
+            if ep._accepted >= ep.max_connections:
+                ep._evict_idlest()
+            ep._accepted += 1
+        ep._links.add(self)
+        if ep._inbox_paused:
             transport.pause_reading()  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
         ep = self.ep
         dispatch = ep._dispatch_control if self.control else ep._dispatch
-        next_frame = self.framer.next_frame
+        framer = self.framer
+        next_frame = framer.next_frame
+        self.last_rx = ep.clock()
         try:
-            self.framer.receive_data(data)
+            framer.receive_data(data)
             while (msg := next_frame(self)) is not NEED_DATA:
                 ep.stats.frames_in += 1
                 dispatch(msg)  # type: ignore[arg-type]
-        except RmrFrameError as exc:
+        except RmrFrameError as exc:  # an oversized length is refused here, before its bytes are kept
             ep.stats.frame_errors += 1
-            log.warning("rmr: closing connection %s (%s): %s", self.peer, self.name or "accepted", exc)
+            if ep._frame_log.allow(self.last_rx):
+                log.warning("rmr: closing connection %s (%s): %s%s", self.peer, self.name or "accepted", exc,
+                            ep._frame_log.take_held())
             self.abort()
         except Exception:  # a bug must not take the endpoint down; this connection goes, nothing else
             ep.stats.frame_errors += 1
             log.exception("rmr: unexpected error on connection %s; closing it", self.peer)
             self.abort()
+        if self.closed:
+            return
+        held = framer.buffered
+        if held != self.held:
+            ep._buffered += held - self.held
+            self.held = held
+            if ep._buffered > ep.max_buffered:
+                ep._shed()
+
+    def _release(self) -> None:
+        """Give back this connection's share of the endpoint's buffered bytes, and the bytes themselves."""
+        self.framer.discard()
+        self.ep._buffered -= self.held
+        self.held = 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._release()
+        if self.name is None:
+            self.ep._accepted -= 1
         self.ep._link_lost(self)
         if not self.gone.done():
             self.gone.set_result(None)
@@ -240,6 +304,7 @@ class _Link(asyncio.Protocol):
 
     def abort(self) -> None:
         self.closed = True
+        self._release()
         if self.transport is not None:
             self.transport.abort()
 
@@ -249,7 +314,8 @@ class RmrEndpoint:
 
     def __init__(self, port: int, identity: EndpointIdentity, *, queue_size: int, max_frame: int,
                  connect_timeout: float, health_check: bool, clock: Callable[[], float],
-                 backoff: tuple[float, float]):
+                 backoff: tuple[float, float], max_buffered: int = DEFAULT_MAX_BUFFERED,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS):
         self.port = port
         self.identity = identity
         self.src = identity.src
@@ -259,6 +325,13 @@ class RmrEndpoint:
         self.router = Router(identity.self_names)
         self.max_frame = max_frame
         self.queue_size = queue_size
+        self.max_buffered = max_buffered
+        self.max_connections = max_connections
+        self._buffered = 0  # partial-frame bytes of all connections together
+        self._inbox_bytes = 0  # payload bytes waiting in the receive queue
+        self._accepted = 0
+        self._health_in_flight = 0
+        self._frame_log = _LogBudget()
         self.connect_timeout = connect_timeout
         self.health_check = health_check
         # None or a function returning None (healthy) or a reason: the reply is then `ERR <reason>` (§10)
@@ -287,7 +360,9 @@ class RmrEndpoint:
     @classmethod
     async def open(cls, port: int | str = 4560, route_table: str | os.PathLike | None = None,
                    src_id: str | None = None, bind_if: str | None = None, *, name_only: bool | None = None,
-                   queue_size: int = 10000, max_frame: int = DEFAULT_MAX_FRAME, connect_timeout: float = 2.0,
+                   queue_size: int = 10000, max_frame: int = DEFAULT_MAX_FRAME,
+                   max_buffered: int = DEFAULT_MAX_BUFFERED, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                   connect_timeout: float = 2.0,
                    health_check: bool = True, route_poll_s: float = 1.0, route_reread_s: float = 60.0,
                    backoff: tuple[float, float] = (0.05, 1.0), env: Mapping[str, str] | None = None,
                    clock: Callable[[], float] | None = None, rtg_svc: str | None = None) -> RmrEndpoint:
@@ -301,9 +376,14 @@ class RmrEndpoint:
         `rtg_svc` (over RMR_RTG_SVC) as in C: `-1` or unset, file only; `<port>`, listen there for route-manager
         pushes (mtype 20 records, acknowledged with mtype 22); `<host:port>`, also ask that route manager for a
         table (mtype 21, every RMR_RTREQ_FREQ seconds, default 5) until one commits.
+
+        `max_frame` bounds one frame, `max_buffered` the bytes all connections' partial frames hold together
+        (and, apart, the payload bytes in the receive queue), `max_connections` the accepted connections.
         """
         if queue_size < 1:
             raise ValueError("queue_size must be at least 1")
+        if max_buffered < max_frame or max_connections < 1:
+            raise ValueError("max_buffered must be at least max_frame, max_connections at least 1")
         env = os.environ if env is None else env
         loop = asyncio.get_running_loop()
         route_table = route_table if route_table is not None else (env.get("RMR_SEED_RT") or None)
@@ -326,7 +406,8 @@ class RmrEndpoint:
         identity = EndpointIdentity.build(real_port, src_id, bind_if, bool(name_only))
         ep = cls(real_port, identity, queue_size=queue_size, max_frame=max_frame,
                  connect_timeout=connect_timeout, health_check=health_check,
-                 clock=clock or loop.time, backoff=backoff)
+                 clock=clock or loop.time, backoff=backoff, max_buffered=max_buffered,
+                 max_connections=max_connections)
         holder.append(ep)
         ep._server = server
         if route_table is not None:
@@ -396,9 +477,46 @@ class RmrEndpoint:
 
     # -- receiving ----------------------------------------------------------------------------------
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held for peers now: partial frames of every connection plus payloads in the queue."""
+        return self._buffered + self._inbox_bytes
+
+    def _shed(self) -> None:
+        """All partial frames together passed `max_buffered`: close the biggest holders until under it
+        (a legitimate peer's frames are small and complete; a hoarder's are big and unfinished)."""
+        while self._buffered > self.max_buffered:
+            link = max(self._links, key=lambda k: k.held, default=None)
+            if link is None or link.held == 0:
+                return
+            self.stats.overflow_closes += 1
+            if self._frame_log.allow(self.clock()):
+                log.warning("rmr: closing connection %s: its %d-byte partial frame puts all connections over "
+                            "%d buffered bytes%s", link.peer, link.held, self.max_buffered, self._frame_log.take_held())
+            link.abort()
+
+    def _evict_idlest(self) -> None:
+        """`max_connections` accepted connections are open: close the one that delivered the fewest frames
+        (the least recently active among those). Not simply the idlest: a burst of fresh hoarder sockets
+        would then push out the live peer that last sent a period ago, and a refused newcomer would let
+        hoarders lock out a peer redialling after a loss; a live peer has many frames, a hoarder few."""
+        accepted = [k for k in self._links if k.name is None and not k.closed]
+        if not accepted:
+            return
+        link = min(accepted, key=lambda k: (k.framer.frames, k.last_rx))
+        self.stats.connections_evicted += 1
+        if self._frame_log.allow(self.clock()):
+            log.warning("rmr: %d connections open: closing %s (%d frames so far)%s", self.max_connections,
+                        link.peer, link.framer.frames, self._frame_log.take_held())
+        link.abort()
+
     def _dispatch(self, msg: RmrMessage) -> None:
         if msg.mtype == _HEALTH_REQ and self.health_check:
             self.stats.health_checks += 1
+            if self._health_in_flight >= HEALTH_IN_FLIGHT:
+                self.stats.health_dropped += 1
+                return
+            self._health_in_flight += 1
             self._spawn(self._answer_health(msg))
         elif msg.call:
             self._enqueue(msg)  # a call from a peer: the app replies by rts
@@ -414,9 +532,10 @@ class RmrEndpoint:
     def _enqueue(self, msg: RmrMessage) -> None:
         inbox = self._inbox
         inbox.append(msg)
+        self._inbox_bytes += len(msg.payload)
         if self._inbox_waiters:
             self._wake_one()
-        if len(inbox) >= self.queue_size and not self._inbox_paused:
+        if (len(inbox) >= self.queue_size or self._inbox_bytes >= self.max_buffered) and not self._inbox_paused:
             self._inbox_paused = True
             for link in self._links:
                 if link.transport is not None and not link.closed:
@@ -461,6 +580,12 @@ class RmrEndpoint:
             await asyncio.sleep(every_s)
 
     async def _answer_health(self, msg: RmrMessage) -> None:
+        try:
+            await self._answer_health_now(msg)
+        finally:
+            self._health_in_flight -= 1
+
+    async def _answer_health_now(self, msg: RmrMessage) -> None:
         payload = HEALTH_OK
         if self.health_status is not None:
             try:
@@ -508,7 +633,9 @@ class RmrEndpoint:
                     if self._inbox and self._inbox_waiters:  # we may have been woken, then cancelled
                         self._wake_one()
         msg = self._inbox.popleft()
-        if self._inbox_paused and len(self._inbox) <= self.queue_size // 2:
+        self._inbox_bytes -= len(msg.payload)
+        if self._inbox_paused and len(self._inbox) <= self.queue_size // 2 and \
+                self._inbox_bytes <= self.max_buffered // 2:
             self._inbox_paused = False
             for link in self._links:
                 if link.transport is not None and not link.closed:

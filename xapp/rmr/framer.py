@@ -152,6 +152,13 @@ class RmrFramer:
             self._buf = self._buf[self._off:] + data  # a partial frame (< one read) plus the new chunk
             self._off = 0
 
+    def discard(self) -> int:
+        """Drop everything buffered (the connection is closing); returns how many bytes that was. A
+        half-received 4 MiB frame must not outlive its socket in a message's `via` reference."""
+        dropped = self.buffered
+        self._buf, self._off, self._parts, self._parts_len, self._need = b"", 0, [], 0, 0
+        return dropped
+
     def encode(self, msg: RmrMessage, src: str, srcip: str) -> bytes:
         """`encode_frame` with the addresses checked (ASCII, <= 63 chars); raises `RmrEncodeError`."""
         return encode_frame(msg, check_address(src, "src"), check_address(srcip, "srcip"))
