@@ -76,6 +76,16 @@ log = logging.getLogger("weaver.xapp")
 MT_INDICATION, MT_CONTROL_REQ, MT_CONTROL_ACK, MT_CONTROL_FAILURE = 12050, 12040, 12041, 12042
 MT_ERROR_INDICATION = 10030
 
+# RMR from hostile peers (issue 13). RMR itself authenticates nobody; these bound what a peer on the RMR
+# port can cost. A KPM indication is a few KiB: a bigger one is refused before decoding. The endpoint
+# bounds frames, buffered bytes and connections (xapp.rmr.endpoint); the python backend takes these.
+RMR_BOUNDS = {"max_frame": 4 << 20, "max_buffered": 32 << 20, "max_connections": 256}
+MAX_INDICATION_BYTES = 64 << 10
+RX_BATCH = 64              # RMR messages handled per event-loop turn: ticks, REST and the broker get theirs
+BAD_PER_SOURCE = 50        # undecodable frames per connection and second; past that its frames are dropped
+BAD_PER_WINDOW = 200       # past this many from all sources together, every source that sent one is dropped
+BAD_WINDOW_S = 1.0
+
 
 @dataclass
 class Counters:
@@ -88,6 +98,7 @@ class Counters:
     grants: int = 0
     revocations: dict = field(default_factory=dict)
     send_errors: int = 0
+    rmr_dropped: dict = field(default_factory=dict)   # reason -> RMR frames dropped undecoded (oversize, throttled)
 
 
 @dataclass
@@ -181,6 +192,9 @@ class XappApp:
         self.watcher = ConfigWatcher(config_path) if config_path else None
         self._wake = asyncio.Event()
         self._drops: dict[tuple[str, str], int] = {}
+        self._bad_sources: dict[str, int] = {}       # RMR source -> bad frames in this window (handle_rmr)
+        self._bad_total = 0
+        self._bad_window_end = -math.inf
         self._pending_subs: dict[int, tuple] = {}
         self.last_kpm: dict[str, float] = {}
         self.resubscribe_after_s: float | None = None    # None: max(10 s, 50 periods)
@@ -357,11 +371,11 @@ class XappApp:
         self._take_leadership(self.now(), at_start=True, leases=snap.leases)
         port = cfg.rmr.port if rmr_port is None else rmr_port
         try:
-            self.rmr = await open_backend(cfg.rmr.backend, port, cfg.rmr.route_table)
+            self.rmr = await open_backend(cfg.rmr.backend, port, cfg.rmr.route_table, **RMR_BOUNDS)
         except NativeUnavailable as exc:
             # "native when configured and available": the pure-Python endpoint speaks the same wire
             log.warning("RMR native backend unavailable (%s); using the python backend", exc)
-            self.rmr = await open_backend("python", port, cfg.rmr.route_table)
+            self.rmr = await open_backend("python", port, cfg.rmr.route_table, **RMR_BOUNDS)
         log.info("RMR (%s backend) on port %d", cfg.rmr.backend, self.rmr.port)
         if hasattr(self.rmr, "health_status"):     # RMR health check (mtype 100): "ERR <reason>" when SDL is down
             self.rmr.health_status = lambda: None if self.store.healthy() else "SDL unreachable"
@@ -522,17 +536,58 @@ class XappApp:
 
     # ------------------------------------------------------------------ RMR in
     async def _rx(self) -> None:
+        # receive() does not yield while messages are queued: without the explicit yield a flood already
+        # queued (up to the endpoint's queue_size) would hold the loop tick until all of it was handled.
+        n = 0
         while True:
             try:
                 msg = await self.rmr.receive()
             except RmrError:
                 return
             self.handle_rmr(msg)
+            n += 1
+            if n >= RX_BATCH:
+                n = 0
+                await asyncio.sleep(0)
+
+    def _rmr_source(self, msg: RmrMessage) -> str:
+        # The connection it came on (python backend), else the src it claims: RMR authenticates nobody,
+        # but a flooder's own socket is not the E2 termination's.
+        return getattr(msg.via, "peer", None) or msg.src
+
+    def _throttled(self, source: str, now: float) -> bool:
+        """True when `source` sent too many bad frames this window: its frames are dropped undecoded, so
+        a flood costs a dict lookup per frame, not a decode. A source with no bad frame is never held up."""
+        if now >= self._bad_window_end or len(self._bad_sources) > 4096:
+            self._bad_sources.clear()
+            self._bad_total = 0
+            self._bad_window_end = now + BAD_WINDOW_S
+        n = self._bad_sources.get(source, 0)
+        return n >= BAD_PER_SOURCE or (n > 0 and self._bad_total >= BAD_PER_WINDOW)
+
+    def _bad_frame(self, source: str) -> None:
+        self._bad_sources[source] = self._bad_sources.get(source, 0) + 1
+        self._bad_total += 1
+
+    def _rmr_drop(self, reason: str, msg: RmrMessage) -> None:
+        n = self.counters.rmr_dropped[reason] = self.counters.rmr_dropped.get(reason, 0) + 1
+        if n <= 5 or n & (n - 1) == 0:
+            log.warning("RMR frame dropped undecoded (%s; mtype %d, %d bytes, from %s; %d so far)", reason,
+                        msg.mtype, len(msg.payload), self._rmr_source(msg) or "?", n)
 
     def handle_rmr(self, msg: RmrMessage) -> None:
-        """One received RMR message; bad ones are counted and logged, nothing else changes."""
+        """One received RMR message; bad ones are counted and logged, nothing else changes. Cheap checks
+        first (size, the sender's bad-frame budget), so a flood of bad frames cannot starve the loop."""
         now = self.now()
+        source = self._rmr_source(msg)
+        if self._throttled(source, now):
+            self._rmr_drop("throttled", msg)
+            return
         if msg.mtype == MT_INDICATION:
+            if len(msg.payload) > MAX_INDICATION_BYTES:
+                self._bad_frame(source)
+                self._rmr_drop("oversize", msg)
+                return
             try:
                 sample = self.ingest.indication(msg.sub_id, msg.meid, msg.payload, now)
                 self.samples.append(sample)
@@ -543,7 +598,10 @@ class XappApp:
                     self.site_tally(site.site_id).kpm_indications += 1
                 return          # samples wait for the period tick; only control replies wake the loop
             except IngestError as exc:
+                self._bad_frame(source)
                 key = (exc.kind, msg.meid)
+                if key not in self._drops and len(self._drops) >= 1024:     # meids are the peer's choice
+                    self._drops.clear()
                 n = self._drops[key] = self._drops.get(key, 0) + 1
                 if n <= 5 or n & (n - 1) == 0:       # per kind and node: 1..5, then powers of two (no flood)
                     log.warning("indication dropped (node %r, mtype %d, %d so far): %s", msg.meid, msg.mtype, n, exc)
@@ -552,14 +610,19 @@ class XappApp:
             try:
                 r = parse_control_reply(msg.payload)
             except (E2DecodeError, ValueError) as exc:
-                self.counters.control_replies_bad += 1
-                log.warning("control reply dropped (node %r, mtype %d): %s", msg.meid, msg.mtype, exc)
+                self._bad_frame(source)
+                n = self.counters.control_replies_bad = self.counters.control_replies_bad + 1
+                if n <= 5 or n & (n - 1) == 0:
+                    log.warning("control reply dropped (node %r, mtype %d, %d so far): %s", msg.meid, msg.mtype,
+                                n, exc)
                 return
             self.results.append(ControlOutcome(control_id=r.control_id, ok=r.ok, cause=r.cause, meid=msg.meid,
                                                requestor=r.requestor))
         else:
-            self.counters.rmr_other += 1
-            log.info("RMR mtype %d from %r ignored", msg.mtype, msg.meid)
+            self._bad_frame(source)
+            n = self.counters.rmr_other = self.counters.rmr_other + 1
+            if n <= 5 or n & (n - 1) == 0:
+                log.info("RMR mtype %d from %r ignored (%d so far)", msg.mtype, msg.meid, n)
             return
         self._wake.set()
 

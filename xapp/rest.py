@@ -225,6 +225,15 @@ async def metrics(request):
               "# TYPE weaver_lease_grants_total counter", f"weaver_lease_grants_total {c.grants}",
               "# TYPE weaver_lease_revocations_total counter"]
     lines += [f'weaver_lease_revocations_total{{reason="{k}"}} {v}' for k, v in sorted(c.revocations.items())]
+    lines.append("# TYPE weaver_rmr_dropped_total counter")   # frames and connections refused (issue 13)
+    rs = getattr(x.rmr, "stats", None)
+    dropped = dict(c.rmr_dropped, unknown_mtype=c.rmr_other)
+    if rs is not None:
+        dropped.update(bad_frame_connection=rs.frame_errors, overflow_connection=rs.overflow_closes,
+                       evicted_connection=rs.connections_evicted, health_check=rs.health_dropped)
+    lines += [f'weaver_rmr_dropped_total{{reason="{k}"}} {v}' for k, v in sorted(dropped.items())]
+    if rs is not None:
+        lines += ["# TYPE weaver_rmr_buffered_bytes gauge", f"weaver_rmr_buffered_bytes {x.rmr.buffered}"]
     lines += ["# TYPE weaver_agents_connected gauge",
               f"weaver_agents_connected {len(x.broker.sessions) if x.broker else 0}"]
     lines.append("# TYPE weaver_site_grant_basis gauge")      # 1 for the basis the site's grants rest on
