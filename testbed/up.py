@@ -38,6 +38,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,30 +241,86 @@ def _status_dict(st) -> dict:
             "last_checkpoint": st.last_checkpoint}
 
 
-class AgentProbe:
-    """Reads each agent's AgentInspect status (gRPC) - what the agent really holds and has trained."""
+PROBE_WAIT_PERIODS = 0.5  # the most of a world period spent waiting for the agents' Status answers
 
-    def __init__(self, views: list[AgentView]) -> None:
+
+class AgentProbe:
+    """Reads each agent's AgentInspect status (gRPC) - what the agent really holds and has trained.
+
+    The world never waits on an agent's inspection (issue 13): each agent has at most one Status call
+    outstanding, with a short deadline, on gRPC's own threads; `poll` waits for the answers at most
+    `wait_s` and an answer that comes later is used by the next poll. A stalled or flooded agent then
+    costs the world loop `wait_s` per period at most, never the call's deadline per agent.
+    """
+
+    def __init__(self, views: list[AgentView], deadline_s: float = 0.5) -> None:
         import grpc
 
         from schemas.proto.weaver.v1 import lease_pb2, lease_pb2_grpc
 
         self._pb = lease_pb2
         self.views = views
-        self._stubs = [lease_pb2_grpc.AgentInspectStub(grpc.insecure_channel(v.addr)) for v in views]
+        self.deadline_s = deadline_s
+        self._channels = [grpc.insecure_channel(v.addr) for v in views]
+        self._stubs = [lease_pb2_grpc.AgentInspectStub(ch) for ch in self._channels]
+        self._calls: list = [None] * len(views)
+        self.late = 0   # polls that went on without some agent's answer
 
-    def poll(self) -> None:
-        for v, stub in zip(self.views, self._stubs, strict=True):
-            try:
-                st = stub.Status(self._pb.StatusRequest(), timeout=0.5)
-            except Exception:  # an agent that went away holds nothing we can see; the lease will expire
-                v.last = {**v.last, "lease_sms": 0, "connected": False, "reachable": False}
-                continue
-            d = _status_dict(st)
-            d["reachable"] = True
-            if math.isnan(v.first_val_loss) and not math.isnan(d["val_loss"]):
-                v.first_val_loss = d["val_loss"]
-            v.last, v.seen_at = d, time.monotonic()
+    def _answered(self, v: AgentView, call) -> None:
+        """On a gRPC thread: one reference assignment, so the world loop reads the old view or the new."""
+        try:
+            st = call.result()
+        except Exception:  # an agent that went away holds nothing we can see; the lease will expire
+            v.last = {**v.last, "lease_sms": 0, "connected": False, "reachable": False}
+            return
+        d = _status_dict(st)
+        d["reachable"] = True
+        if math.isnan(v.first_val_loss) and not math.isnan(d["val_loss"]):
+            v.first_val_loss = d["val_loss"]
+        v.last, v.seen_at = d, time.monotonic()
+
+    async def poll(self, wait_s: float) -> None:
+        """Ask every agent without a call outstanding; wait at most `wait_s` for the answers."""
+        loop = asyncio.get_running_loop()
+        all_in = asyncio.Event()
+        left = 0
+
+        def done(v: AgentView, call) -> None:
+            nonlocal left
+            self._answered(v, call)
+            with lock:  # callbacks run on gRPC's threads, concurrently
+                left -= 1
+                last = left == 0
+            if last:
+                try:
+                    loop.call_soon_threadsafe(all_in.set)
+                except RuntimeError:  # the loop is gone (the run ended while a call was out)
+                    pass
+
+        outstanding = []
+        lock = threading.Lock()
+        for i, (v, stub) in enumerate(zip(self.views, self._stubs, strict=True)):
+            call = self._calls[i]
+            if call is None or call.done():
+                call = self._calls[i] = stub.Status.future(self._pb.StatusRequest(), timeout=self.deadline_s)
+                outstanding.append((v, call))
+        left = len(outstanding)
+        if not outstanding:
+            self.late += 1
+            return
+        for v, call in outstanding:  # a call already done runs its callback here, at once
+            call.add_done_callback(lambda c, v=v: done(v, c))
+        try:
+            await asyncio.wait_for(all_in.wait(), wait_s)
+        except TimeoutError:
+            self.late += 1
+
+    def close(self) -> None:
+        for call in self._calls:
+            if call is not None:
+                call.cancel()
+        for ch in self._channels:
+            ch.close()
 
 
 @dataclass
@@ -391,6 +448,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
     rounds = RoundsSeen() if cfg.cross_site else None
     proxies: dict[int, TcpProxy] = {}
     injector: FaultInjector | None = None
+    probe: AgentProbe | None = None
     try:
         lighthouse = ""
         if cfg.cross_site:
@@ -427,7 +485,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         # reported (ground_truth.startup_cpu_s) but charged to no RAN slot: none is simulated yet.
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            await asyncio.to_thread(probe.poll)
+            await probe.poll(1.0)
             if all(a.last.get("connected") for a in agents):
                 break
             await asyncio.sleep(0.1)
@@ -494,7 +552,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             cpu = [tr.sampler.sample() for tr in truths] if fresh else []
             if fresh:
                 last_sample = now
-            await asyncio.to_thread(probe.poll)
+            await probe.poll(PROBE_WAIT_PERIODS * sim.period_s)   # never the agents' pace, at most this
             reported = np.zeros(cfg.sites)
             for a in agents:  # what each agent process really executed is what the RAN must live with
                 reported[a.site] = float(a.last.get("lease_sms", 0) or 0)
@@ -564,7 +622,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                 await _read_rounds(rest, rounds)
             except Exception as exc:
                 out(f"weaver up: could not read the xApp's round reports: {exc}")
-        await asyncio.to_thread(probe.poll)
+        await probe.poll(1.0)
         if injector is not None:
             await injector.close()
         if keeper is not None:
@@ -583,6 +641,8 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             await injector.close()
         if world.cpu_trace is not None:
             world.cpu_trace.stop()
+        if probe is not None:
+            probe.close()
         await asyncio.to_thread(shutdown, sup, 20.0)
         for p in proxies.values():
             await p.close()
