@@ -3,6 +3,10 @@
 Config from `--config` or `$CONFIG_FILE` (the OSC descriptor; only `controls` is read). Ports may be
 overridden for tests and single-host runs with WEAVER_REST_PORT, WEAVER_RMR_PORT, WEAVER_BROKER_LISTEN.
 Prints `weaver-xapp: <key> <value>` lines (rest, rmr, broker) and `weaver-xapp: ready` once serving.
+
+`weaver-xapp site-token SITE [--config F]` prints the lease-broker credential of one site,
+HMAC-SHA256(broker secret, SITE), for that site's agent (its WEAVER_AGENT_TOKEN). The secret is read from
+the env var the config's `broker.token_env` names (never from the command line, which `ps` shows).
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ import sys
 from xapp.appmgr import deregister, register_if_configured
 from xapp.config import ConfigError, load_config
 from xapp.state import StateError
+
+DEFAULT_SECRET_ENV = "WEAVER_BROKER_SECRET"   # the shipped descriptor's broker.token_env
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -55,7 +61,41 @@ async def serve(args) -> int:
     return 0
 
 
+def site_token(argv: list[str]) -> int:
+    from xapp.agents import site_credential
+
+    p = argparse.ArgumentParser(prog="weaver-xapp site-token",
+                                description="print a site's lease-broker credential, HMAC-SHA256(secret, site)")
+    p.add_argument("site")
+    p.add_argument("--config", default=os.environ.get("CONFIG_FILE"),
+                   help="descriptor/config file: its broker.token_env names the secret's env var, its sites are checked")
+    p.add_argument("--secret-env", default=None, help="env var holding the broker secret (default: broker.token_env, "
+                                                      f"else {DEFAULT_SECRET_ENV})")
+    args = p.parse_args(argv)
+    env = args.secret_env
+    if args.config:
+        try:
+            cfg = load_config(args.config)
+        except (ConfigError, OSError) as exc:
+            print(f"weaver-xapp: {exc}", file=sys.stderr)
+            return 2
+        if cfg.site(args.site) is None:
+            print(f"weaver-xapp: unknown site {args.site!r} (known: {[s.site_id for s in cfg.sites]})", file=sys.stderr)
+            return 2
+        env = env or cfg.broker.token_env
+    env = env or DEFAULT_SECRET_ENV
+    secret = os.environ.get(env)
+    if not secret:
+        print(f"weaver-xapp: no broker secret: set {env}", file=sys.stderr)
+        return 2
+    print(site_credential(secret, args.site))
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["site-token"]:
+        return site_token(argv[1:])
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

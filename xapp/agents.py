@@ -3,20 +3,43 @@ holds, what agents report. `xapp.broker` is the gRPC shell around it; the contro
 
 Validation lives here too so that a bad message is refused the same way however it arrives:
 `check_register` / `check_usage` raise `BadRequest` (the shell maps it to INVALID_ARGUMENT, or
-UNAUTHENTICATED for a token mismatch) naming the offending field.
+UNAUTHENTICATED for a credential mismatch, or ALREADY_EXISTS for a site that has a live session) naming
+the offending field. `BadRequest.reason` is the label refusals are counted under in /metrics.
+
+Identity: with a broker secret configured, a site's credential is HMAC-SHA256(secret, site_id) in hex
+(`site_credential`), so the credential an agent holds registers that one site and no other, and the
+xApp keeps one secret instead of a token list. One live session per site: a second Register is refused
+until the first stream has closed or has been silent past the heartbeat expiry.
+
+Usage reports count only when they name a lease issued to the reporting session, arrive while that lease
+is current or within `usage_grace_s` after it ended, and claim no more than the lease's partition could
+do in one period (x (1 + USAGE_TOLERANCE)); anything else raises `UsageRefused` and never reaches the
+ledger or the per-site SM·ms totals.
 Times: `now` is the caller's monotonic seconds; `now_unix` is wall-clock seconds for the persisted ledger.
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from schemas.proto.weaver.v1 import lease_pb2
 
 MODES = ("", "cpu", "cpu_preferred", "gpu_preferred", "gpu")
 MAX_ID = 128
+# A report may claim up to twice what the lease's partition could do in one full period: the window's
+# last micro-batch may run past its end (the agent plans it within edge_batch_fraction of the period,
+# and a preempted one runs longer), and that overrun is real usage we want to see, not to refuse. A claim
+# beyond this is not physics but a broken or hostile agent.
+USAGE_TOLERANCE = 1.0
+LEASES_KEPT = 16          # leases per session a report may still name (the current one and its predecessors)
+
+
+def site_credential(secret: str, site_id: str) -> str:
+    """The bearer credential of `site_id` under the broker secret: HMAC-SHA256(secret, site_id), hex."""
+    return hmac.new(secret.encode(), site_id.encode(), hashlib.sha256).hexdigest()
 
 
 def lease_id(site_id: str, epoch: int, seq: int) -> str:
@@ -24,11 +47,17 @@ def lease_id(site_id: str, epoch: int, seq: int) -> str:
 
 
 class BadRequest(ValueError):
-    """An agent message that breaks the contract; `code` is "invalid" or "unauthenticated"."""
+    """An agent message that breaks the contract; `code` is "invalid", "unauthenticated" or
+    "already_exists" (the gRPC status the shell answers with); `reason` labels it in /metrics."""
 
-    def __init__(self, message: str, code: str = "invalid") -> None:
+    def __init__(self, message: str, code: str = "invalid", reason: str = "") -> None:
         super().__init__(message)
         self.code = code
+        self.reason = reason or code
+
+
+class UsageRefused(BadRequest):
+    """A well-formed UsageReport that is not taken into the accounting (the stream stays up)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,13 +77,17 @@ def _ident(value: str, name: str) -> str:
     return value
 
 
-def check_register(msg: lease_pb2.Register, known_sites: set[str], token: str | None,
+def check_register(msg: lease_pb2.Register, known_sites: set[str], secret: str | None,
                    metadata_token: str | None = None) -> Registration:
-    if token is not None:
-        given = msg.token or metadata_token or ""
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            raise BadRequest("bad or missing bearer token", code="unauthenticated")
+    """`secret`: the broker secret (None: no credential required, the dev mode); the Register must then
+    carry `site_credential(secret, site_id)` in `token` or as `authorization: Bearer` metadata."""
     site = _ident(msg.site_id, "register.site_id")
+    if secret is not None:
+        given = msg.token or metadata_token or ""
+        # checked before the site is looked up, so an unauthenticated peer learns nothing of the site list
+        if not hmac.compare_digest(given.encode(), site_credential(secret, site).encode()):
+            raise BadRequest(f"bad or missing token for site {site[:40]!r}: expected the site's credential, "
+                             "HMAC-SHA256(broker secret, site_id)", code="unauthenticated")
     if site not in known_sites:
         raise BadRequest(f"register.site_id: unknown site {site!r} (known: {sorted(known_sites)})")
     agent = _ident(msg.agent_id, "register.agent_id")
@@ -76,9 +109,9 @@ def check_usage(u: lease_pb2.UsageReport) -> None:
     for name in ("sm_ms_used", "sm_ms_granted", "overrun_ms", "window_ms"):
         v = getattr(u, name)
         if not math.isfinite(v) or v < 0:
-            raise BadRequest(f"usage.{name}: expected a finite number >= 0, got {v}")
+            raise BadRequest(f"usage.{name}: expected a finite number >= 0, got {v}", reason="usage-invalid")
     if not u.lease_id or len(u.lease_id) > MAX_ID:
-        raise BadRequest("usage.lease_id: required, at most 128 characters")
+        raise BadRequest("usage.lease_id: required, at most 128 characters", reason="usage-invalid")
 
 
 @dataclass(frozen=True)
@@ -109,6 +142,25 @@ class UsageSample:
         return self.site_sm_ms_used / self.window_ms if self.window_ms > 0 else None
 
 
+@dataclass(frozen=True, kw_only=True)
+class LeaseIssued:
+    lease: lease_pb2.Lease
+    issued_unix: float
+    valid_until_unix: float
+
+
+@dataclass
+class SessionLease:
+    """A lease as the session it was issued to knows it; `ended_unix`: when it stopped being current
+    (revoked, or superseded by the next one), None while it is."""
+    issued: LeaseIssued
+    ended_unix: float | None = None
+
+    def end_unix(self) -> float:
+        v = self.issued.valid_until_unix
+        return v if self.ended_unix is None else min(v, self.ended_unix)
+
+
 @dataclass
 class AgentState:
     reg: Registration
@@ -119,17 +171,11 @@ class AgentState:
     rounds: deque = field(default_factory=lambda: deque(maxlen=64))
     transfers: deque = field(default_factory=lambda: deque(maxlen=64))
     reports: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class LeaseIssued:
-    lease: lease_pb2.Lease
-    issued_unix: float
-    valid_until_unix: float
+    leases: OrderedDict = field(default_factory=OrderedDict)   # lease_id -> SessionLease, the last LEASES_KEPT
 
 
 class AgentBook:
-    """Agents by site (the latest registration for a site wins) and each site's current lease."""
+    """Agents by site (one live session per site) and each site's current lease."""
 
     def __init__(self, *, epoch: int, period_ms: int, valid_periods: int, heartbeat_ms: int,
                  timeout_heartbeats: int) -> None:
@@ -144,11 +190,28 @@ class AgentBook:
         self.used_sm_ms: dict[str, float] = {}          # site -> SM·ms the agents reported using, this run
         self._sessions = 0
 
+    @property
+    def expiry_s(self) -> float:
+        """Silence after which a session counts as gone (`lost`), and a new Register may replace it."""
+        return self.heartbeat_ms / 1000.0 * self.timeout_heartbeats
+
+    @property
+    def usage_grace_s(self) -> float:
+        """How long after a lease ended a report on it is still taken: the agent closes the window and
+        queues its report at its next loop turn, which may wait out a micro-batch and a busy host."""
+        return max(1.0, 2 * self.period_ms * self.valid_periods / 1000.0)
+
     # connections
     def connect(self, reg: Registration, now: float) -> tuple[int, AgentState | None]:
-        """Returns (session id, the agent it replaced or None)."""
-        self._sessions += 1
+        """Returns (session id, the expired agent it replaced or None). A site whose session is alive (heard
+        from within `expiry_s`) is not taken over: BadRequest("already_exists")."""
         old = self.agents.get(reg.site_id)
+        if old is not None and now - old.last_seen <= self.expiry_s:
+            raise BadRequest(f"site {reg.site_id!r} already has a live agent session (agent {old.reg.agent_id!r}, "
+                             f"heard from {now - old.last_seen:.1f} s ago); a new registration is accepted once "
+                             f"that stream closes or is silent for {self.expiry_s:g} s",
+                             code="already_exists", reason="already-connected")
+        self._sessions += 1
         self.agents[reg.site_id] = AgentState(reg=reg, session=self._sessions, connected_at=now, last_seen=now)
         return self._sessions, old
 
@@ -168,8 +231,7 @@ class AgentBook:
 
     def lost(self, now: float) -> list[str]:
         """Sites whose agent has been silent for `timeout_heartbeats` heartbeat intervals."""
-        limit = self.heartbeat_ms / 1000.0 * self.timeout_heartbeats
-        return [s for s, a in self.agents.items() if now - a.last_seen > limit]
+        return [s for s, a in self.agents.items() if now - a.last_seen > self.expiry_s]
 
     def connected_sites(self) -> set[str]:
         return set(self.agents)
@@ -189,7 +251,19 @@ class AgentBook:
             sent_unix_ms=int(now_unix * 1000), basis=basis)
         issued = LeaseIssued(lease=lease, issued_unix=now_unix, valid_until_unix=now_unix + valid_ms / 1000.0)
         self.leases[site_id] = issued
+        a = self.agents.get(site_id)
+        if a is not None:                      # the session it goes to: only it may report on it
+            self._end_leases(a, now_unix)
+            a.leases[lease.lease_id] = SessionLease(issued)
+            while len(a.leases) > LEASES_KEPT:
+                a.leases.popitem(last=False)
         return issued
+
+    @staticmethod
+    def _end_leases(a: AgentState, now_unix: float) -> None:
+        for held in a.leases.values():
+            if held.ended_unix is None:
+                held.ended_unix = now_unix
 
     def release_seq(self, site_id: str, lease: str) -> int:
         """The seq a LeaseReleased names; BadRequest unless it is a lease issued to this site this epoch."""
@@ -200,19 +274,51 @@ class AgentBook:
                              f"{self.epoch}")
         return int(tail)
 
-    def revoke(self, site_id: str) -> LeaseIssued | None:
+    def revoke(self, site_id: str, now_unix: float | None = None) -> LeaseIssued | None:
+        """`now_unix`: when the revocation was decided (reports on the lease are then taken for
+        `usage_grace_s` more); None: the lease's validity alone bounds them."""
+        a = self.agents.get(site_id)
+        if a is not None and now_unix is not None:
+            self._end_leases(a, now_unix)
         return self.leases.pop(site_id, None)
 
-    def record_usage(self, site_id: str, u: lease_pb2.UsageReport, now: float, gpu_sms: int = 0) -> bool:
-        """Keep a usage report; False (and not kept) when it names a lease this site never had in this epoch.
+    def check_report(self, a: AgentState, u: lease_pb2.UsageReport, now_unix: float) -> SessionLease:
+        """The lease a (field-checked) report is on; UsageRefused unless it is one issued to this session, still
+        current or within the grace, and the report claims no more than the lease's partition could do."""
+        held = a.leases.get(u.lease_id)
+        if held is None:
+            raise UsageRefused(f"usage.lease_id: {u.lease_id[:64]!r} is not a lease issued to this session",
+                               reason="usage-unknown-lease")
+        late = now_unix - held.end_unix()
+        if late > self.usage_grace_s:
+            raise UsageRefused(f"usage.lease_id: {u.lease_id[:64]!r} ended {late:.1f} s ago (reports are taken "
+                               f"up to {self.usage_grace_s:g} s after a lease ends)", reason="usage-late")
+        lease = held.issued.lease
+        if u.window_ms > lease.period_ms + 1.0:   # + 1 ms: float rounding of the agent's window length
+            raise UsageRefused(f"usage.window_ms: {u.window_ms:g} exceeds the lease period {lease.period_ms} ms",
+                               reason="usage-exceeds-lease")
+        # In the agent's own units (SMs, or cores for a CPU agent): leased work runs on a partition of at most
+        # the lease's SMs and at most the device (agent.site_agent.partition_units).
+        units = min(lease.sm_count, a.reg.sm_count)
+        bound = units * lease.period_ms * (1.0 + USAGE_TOLERANCE)
+        for name in ("sm_ms_used", "sm_ms_granted"):
+            v = getattr(u, name)
+            if v > bound:
+                raise UsageRefused(f"usage.{name}: {v:g} exceeds what lease {u.lease_id[:64]!r} allows "
+                                   f"({units} x {lease.period_ms} ms x {1 + USAGE_TOLERANCE:g} = {bound:g})",
+                                   reason="usage-exceeds-lease")
+        return held
+
+    def record_usage(self, site_id: str, session: int, u: lease_pb2.UsageReport, now: float, now_unix: float,
+                     gpu_sms: int = 0) -> bool:
+        """Keep a usage report of `session` (received at `now`, `now_unix` on the wall clock); False when that
+        session is no longer the site's. A report `check_report` refuses raises UsageRefused and is not kept.
 
         `gpu_sms`: SMs of the site GPU the leases are cut from (0: unknown, the report is taken as is)."""
         a = self.agents.get(site_id)
-        if a is None:
+        if a is None or a.session != session:
             return False
-        prefix = f"{site_id}.{self.epoch}."
-        if not u.lease_id.startswith(prefix):
-            return False
+        self.check_report(a, u, now_unix)
         # A CPU agent (testbed, CI) stands in for the site GPU: its duty cycle over all its cores maps to the
         # lease's share of the GPU, so its core·ms convert to site SM·ms at gpu_sms / cores.
         scale = 1.0

@@ -1,7 +1,8 @@
 """gRPC lease broker: `weaver.v1.LeaseBroker/Session` (schemas/proto/weaver/v1/lease.proto) over grpc.aio.
 
-One long-lived bidi stream per agent. The agent's first message must be `Register` (bearer token in
-`Register.token` or `authorization: Bearer <t>` metadata when the broker requires one); the broker answers
+One long-lived bidi stream per agent. The agent's first message must be `Register` (its site's credential,
+`xapp.agents.site_credential`, in `Register.token` or `authorization: Bearer <t>` metadata when a broker
+secret is configured); a site with a live session is refused (ALREADY_EXISTS); the broker answers
 `Welcome` (site, epoch, heartbeat interval, CrossSiteConfig) and an empty `Revoke` ("every lease of this
 site"), so that an agent reconnecting to a restarted xApp drops anything from the previous epoch at once.
 Then leases and revocations flow down as the control loop decides them (`grant` / `revoke`), heartbeats
@@ -9,6 +10,8 @@ are echoed, and usage, transfer plans and round reports flow up into the `AgentB
 
 The method is registered with raw-bytes (de)serializers so that undecodable bytes are answered with
 INVALID_ARGUMENT and a message, not grpc's generic INTERNAL. Message size limits apply both ways.
+Refused registrations and usage reports are counted by reason (`refused_registrations`, `refused_usage`)
+for /metrics; a refused usage report leaves the stream up but never reaches the ledger.
 """
 from __future__ import annotations
 
@@ -23,14 +26,16 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from schemas.proto.weaver.v1 import lease_pb2
-from xapp.agents import AgentBook, BadRequest, LeaseIssued, check_register, check_usage
+from xapp.agents import AgentBook, BadRequest, LeaseIssued, UsageRefused, check_register, check_usage
 from xapp.config import XappConfig
 
 log = logging.getLogger("weaver.xapp.broker")
 
 SERVICE = "weaver.v1.LeaseBroker"
 REGISTER_TIMEOUT_S = 10.0
+REFUSALS_LOGGED = 5         # refused usage reports logged per session before going quiet (then every 1000th)
 _CLOSE = object()
+_CODES = {"unauthenticated": grpc.StatusCode.UNAUTHENTICATED, "already_exists": grpc.StatusCode.ALREADY_EXISTS}
 
 
 class _Session:
@@ -38,6 +43,7 @@ class _Session:
         self.site_id = site_id
         self.session = session
         self.out: asyncio.Queue = asyncio.Queue(maxsize)
+        self.refused = 0                      # usage reports refused on this stream (for log throttling)
 
     def push(self, msg: lease_pb2.BrokerMessage) -> bool:
         try:
@@ -72,7 +78,9 @@ class LeaseBroker:
         self.released = 0
         self.sessions: dict[str, _Session] = {}
         self.events: deque = deque(maxlen=512)
-        self.rejected = 0
+        self.rejected = 0                     # streams aborted for a bad request
+        self.refused_registrations: dict[str, int] = {}   # reason -> count
+        self.refused_usage: dict[str, int] = {}           # reason -> count
         self.server: grpc.aio.Server | None = None
         self.port = 0
 
@@ -139,7 +147,7 @@ class LeaseBroker:
         return issued
 
     def revoke(self, site_id: str, reason: str) -> bool:
-        issued = self.book.revoke(site_id)
+        issued = self.book.revoke(site_id, self.wall())
         s = self.sessions.get(site_id)
         if s is not None and not s.push(lease_pb2.BrokerMessage(revoke=lease_pb2.Revoke(lease_id="", reason=reason))):
             # A revoke is never dropped: the agent treats a closed stream as a revoke of everything.
@@ -160,7 +168,7 @@ class LeaseBroker:
 
     def _drop(self, s: _Session, why: str) -> None:
         log.warning("site %s: closing agent stream (%s)", s.site_id, why)
-        self.book.revoke(s.site_id)
+        self.book.revoke(s.site_id, self.wall())
         self.sessions.pop(s.site_id, None)
         self.book.disconnect(s.site_id, s.session)
         s.close()
@@ -191,20 +199,26 @@ class LeaseBroker:
             first = self._parse(raw)
             if first.WhichOneof("body") != "register":
                 raise BadRequest(f"first message must be register, got {first.WhichOneof('body')}")
-            reg = check_register(first.register, {s.site_id for s in self.cfg.sites}, self.cfg.broker.token(),
+            reg = check_register(first.register, {s.site_id for s in self.cfg.sites}, self.cfg.broker.secret(),
                                  self._metadata_token(context))
+            sid, old = self.book.connect(reg, self.now())
         except (StopAsyncIteration, TimeoutError):
             return
         except BadRequest as exc:
             self.rejected += 1
-            log.warning("agent refused: %s", exc)
-            code = grpc.StatusCode.UNAUTHENTICATED if exc.code == "unauthenticated" else grpc.StatusCode.INVALID_ARGUMENT
-            await context.abort(code, str(exc))
+            self.refused_registrations[exc.reason] = self.refused_registrations.get(exc.reason, 0) + 1
+            log.warning("agent refused (%s) from %s: %s", exc.reason, context.peer(), exc)
+            await context.abort(_CODES.get(exc.code, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
             return
 
-        sid, old = self.book.connect(reg, self.now())
-        if old is not None and reg.site_id in self.sessions:
-            self.sessions[reg.site_id].close()     # the newer registration for a site wins
+        stale = self.sessions.get(reg.site_id)
+        if old is not None and stale is not None:
+            # The old session was silent past the expiry (its stream never closed, e.g. a half-open TCP
+            # connection): its lease is revoked and its stream closed before the new one is welcomed.
+            log.warning("site %s: replacing agent %s, silent for %.1f s, with %s", reg.site_id, old.reg.agent_id,
+                        self.now() - old.last_seen, reg.agent_id)
+            self.revoke(reg.site_id, "agent-replaced")
+            stale.close()
         sess = _Session(reg.site_id, sid)
         self.sessions[reg.site_id] = sess
         self.events.append((self.wall(), reg.site_id, "agent-connected", reg.agent_id))
@@ -248,10 +262,7 @@ class LeaseBroker:
                     sess.push(lease_pb2.BrokerMessage(heartbeat=lease_pb2.Heartbeat(
                         seq=m.heartbeat.seq, sent_unix_ms=int(self.wall() * 1000))))
                 elif kind == "usage":
-                    check_usage(m.usage)
-                    site = self.cfg.site(sess.site_id)
-                    if not self.book.record_usage(sess.site_id, m.usage, now, site.gpu_sms if site else 0):
-                        log.info("site %s: usage for unknown lease %s ignored", sess.site_id, m.usage.lease_id)
+                    self._usage(sess, m.usage, now)
                 elif kind == "transfer":
                     t = m.transfer
                     agent.transfers.append((t.round, t.bytes, t.deadline_unix_ms, t.workers))
@@ -267,6 +278,8 @@ class LeaseBroker:
                 elif kind == "register":
                     raise BadRequest("register sent twice on one stream")
         except BadRequest as exc:
+            if exc.reason.startswith("usage-"):
+                self.refused_usage[exc.reason] = self.refused_usage.get(exc.reason, 0) + 1
             log.warning("site %s: agent message refused: %s", sess.site_id, exc)
             error.append(exc)
         except asyncio.CancelledError:
@@ -274,3 +287,17 @@ class LeaseBroker:
         except Exception as exc:  # noqa: BLE001 - stream torn down by the peer
             log.info("site %s: agent stream ended: %s", sess.site_id, exc)
         sess.close()
+
+    def _usage(self, sess: _Session, u: lease_pb2.UsageReport, now: float) -> None:
+        """Into the accounting, or counted as refused: a malformed report (BadRequest) ends the stream, a
+        well-formed one on a lease this session may not report on (UsageRefused) is dropped."""
+        check_usage(u)
+        site = self.cfg.site(sess.site_id)
+        try:
+            self.book.record_usage(sess.site_id, sess.session, u, now, self.wall(), site.gpu_sms if site else 0)
+        except UsageRefused as exc:
+            self.refused_usage[exc.reason] = self.refused_usage.get(exc.reason, 0) + 1
+            sess.refused += 1
+            if sess.refused <= REFUSALS_LOGGED or sess.refused % 1000 == 0:
+                log.warning("site %s: usage report refused (%s, %d on this stream): %s", sess.site_id, exc.reason,
+                            sess.refused, exc)

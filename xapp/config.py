@@ -130,8 +130,10 @@ class BrokerConfig:
     round_ms: int = 30000
     round_epoch_ms: int = 0
 
-    def token(self) -> str | None:
-        """The bearer token agents must present, read from the named env var (None = not required)."""
+    def secret(self) -> str | None:
+        """The broker secret, read from the env var `token_env` names (None: agents need no credential, the
+        dev mode). An agent presents its site's credential, HMAC-SHA256(secret, site_id): `weaver-xapp
+        site-token SITE` prints it; the secret itself never leaves the xApp."""
         return os.environ.get(self.token_env) or None if self.token_env else None
 
 

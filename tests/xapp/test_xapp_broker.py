@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from schemas.proto.weaver.v1 import lease_pb2
-from xapp.agents import AgentBook
+from xapp.agents import AgentBook, site_credential
 from xapp.broker import LeaseBroker
 from xapp.config import XappConfig
 
@@ -172,6 +172,7 @@ def test_oversized_message_is_refused():
 
 def test_bearer_token_in_message_or_metadata(monkeypatch):
     monkeypatch.setenv("TEST_AGENT_TOKEN", "s3cret")
+    cred = site_credential("s3cret", "s1")       # the site's credential under the broker secret
 
     async def body(broker, call_raw, ledger):
         bad = await _expect_error(call_raw, [register(token="wrong").SerializeToString()])
@@ -186,8 +187,9 @@ def test_bearer_token_in_message_or_metadata(monkeypatch):
             call.cancel()
             return w.welcome.site_id
 
-        ok1 = await one(register(token="s3cret").SerializeToString())
-        ok2 = await one(register().SerializeToString(), md=(("authorization", "Bearer s3cret"),))
+        ok1 = await one(register(token=cred).SerializeToString())
+        await wait_for(lambda: not broker.sessions)
+        ok2 = await one(register().SerializeToString(), md=(("authorization", f"Bearer {cred}"),))
         return bad, none, ok1, ok2
 
     bad, none, ok1, ok2 = run(make_cfg(token_env="TEST_AGENT_TOKEN"), body)
@@ -195,7 +197,7 @@ def test_bearer_token_in_message_or_metadata(monkeypatch):
     assert ok1 == ok2 == "s1"
 
 
-def test_disconnect_revokes_the_site_lease_and_newer_registration_wins():
+def test_disconnect_revokes_the_site_lease_and_a_live_session_is_not_taken_over():
     async def body(broker, call_raw, ledger):
         async def reqs():
             yield register().SerializeToString()
@@ -206,11 +208,14 @@ def test_disconnect_revokes_the_site_lease_and_newer_registration_wins():
         await a.read()
         broker.grant("s1", 32, "weaver")
         await a.read()
-        b = call_raw(reqs())                      # the agent reconnects before the old stream died
+        code, details = await _expect_error(call_raw, [register().SerializeToString()])   # while a is alive
+        assert code == grpc.StatusCode.ALREADY_EXISTS and "live agent session" in details
+        assert broker.refused_registrations == {"already-connected": 1} and "s1" in broker.book.leases
+        a.cancel()                                # the old stream is gone: a reconnect is welcomed
+        await wait_for(lambda: not broker.sessions and "s1" not in broker.book.leases)
+        b = call_raw(reqs())
+        assert (await b.read()).welcome.site_id == "s1"
         await b.read()
-        await b.read()
-        assert await asyncio.wait_for(a.read(), 2) is grpc.aio.EOF   # the broker closed the old stream
-        assert broker.sessions["s1"] is not None and len(broker.book.agents) == 1
         broker.grant("s1", 16, "weaver")
         assert (await b.read()).lease.seq == 2
         b.cancel()
