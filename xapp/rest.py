@@ -236,6 +236,10 @@ async def metrics(request):
         lines += ["# TYPE weaver_rmr_buffered_bytes gauge", f"weaver_rmr_buffered_bytes {x.rmr.buffered}"]
     lines += ["# TYPE weaver_agents_connected gauge",
               f"weaver_agents_connected {len(x.broker.sessions) if x.broker else 0}"]
+    for name, by_reason in (("registrations", x.broker.refused_registrations if x.broker else {}),
+                            ("usage_reports", x.broker.refused_usage if x.broker else {})):
+        lines.append(f"# TYPE weaver_broker_refused_{name}_total counter")   # by reason (xapp.agents)
+        lines += [f'weaver_broker_refused_{name}_total{{reason="{k}"}} {v}' for k, v in sorted(by_reason.items())]
     lines.append("# TYPE weaver_site_grant_basis gauge")      # 1 for the basis the site's grants rest on
     for sid, rt in x.state.sites.items():
         basis = rt.safety.basis()
