@@ -8,6 +8,12 @@ observed max/mean ratios: one slot over the envelope is a deadline miss, so aver
 
 Several nodes on one site share the GPU: their PRB counters add up; so do their GPU measurements (each
 node reports the demand of its own PHY). Pure numpy, no I/O.
+
+A valid but extreme sample (a peak of the whole GPU) is kept: the RAN really may peak, and the grant must
+follow. It is forgotten by age, never by value: every window here holds the last `window` periods
+(`QuantileWindow`), and the policy's history is as long (xapp.policy SiteHistory), so one such frame
+lowers a site's grant for at most `window` periods plus the envelope's step-down (one partition step per
+`hold_periods` calm periods); tests/security/test_kpm_validation.py checks the grant comes back.
 """
 from __future__ import annotations
 
@@ -48,6 +54,10 @@ class QuantileWindow:
         self.maxlen = maxlen
 
     def append(self, v: float) -> None:
+        # A NaN is unordered: bisect would file it anywhere and the later removal would delete the wrong
+        # value (or none: IndexError). Ingest refuses non-finite KPM; this keeps the window whole anyway.
+        if not math.isfinite(v):
+            return
         self.order.append(v)
         bisect.insort(self.sorted, v)
         if len(self.order) > self.maxlen:

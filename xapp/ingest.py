@@ -9,10 +9,19 @@ for a subscription we do not hold is refused, never attributed to some other sit
 Each record of a format-1 message is one granularity period; values are folded over records: maxima
 take the max, counts (`GPU.DeadlineMiss`) the sum, everything else the mean. `noValue` is skipped.
 Pure: no I/O, no logging; the caller counts and logs errors by `kind`.
+
+Values are checked before they become a sample (`check_values`): every value must be finite and
+non-negative (KPM measurements are counts, sizes, rates and durations), percentages at most 100, a
+node's PRBs used at most its PRBs available and those at most `MAX_PRBS_PER_NODE`, SM figures at most
+the site's GPU (`NodeLimits`), deadline misses at most the slots of the reported periods. A frame that
+fails is refused whole (`KpmValueError`, kind `value`) with a `KpmRefusal` the loop takes as "this node
+is not fresh" (xapp.loop owns freshness); `refused` counts them per (node, reason). A valid but extreme
+value (the whole GPU as peak) is accepted: the RAN really may peak, and the windows age it out.
 """
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 
 from e2sm import E2DecodeError
@@ -27,13 +36,48 @@ from e2sm.kpm import (
 
 SUMMED = ("GPU.DeadlineMiss",)
 
+# Physical bounds of the measurements (module doc). 275 PRBs is NR's largest carrier (TS 38.101-1/-2,
+# max N_RB); 64 cells is far more than any DU serves, and the bound keeps the per-cell lists the loop
+# builds from RRU.PrbAvailDl (cells = PRBs / cell_prbs) small whatever a frame claims.
+MAX_PRBS_PER_CELL = 275
+MAX_CELLS_PER_NODE = 64
+MAX_PRBS_PER_NODE = MAX_PRBS_PER_CELL * MAX_CELLS_PER_NODE
+# 960 kHz SCS (numerology 6, FR2-2) has 64 slots per ms: no node counts more missed slots than that.
+MAX_SLOTS_PER_MS = 64
+_SM_PREFIX = "GPU.Sm"                 # GPU.SmUsed.*, SmAvail, SmEnvelope, SmOffered.*, SmNonDeferrable.*
+_PERCENT = ("RRU.PrbTotDl", "RRU.PrbTotUl")
+_PRB_AVAIL = {"RRU.PrbUsedDl": "RRU.PrbAvailDl", "RRU.PrbUsedUl": "RRU.PrbAvailUl"}
+
 
 class IngestError(ValueError):
-    """An indication that cannot be used. `kind`: e2ap | e2sm | unknown-subscription | unknown-node | shape."""
+    """An indication that cannot be used. `kind`: e2ap | e2sm | unknown-subscription | unknown-node | shape
+    | value."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(f"{kind}: {message}")
         self.kind = kind
+
+
+@dataclass(frozen=True)
+class KpmRefusal:
+    """A decoded indication from a known node whose values are impossible: the node is not fresh until
+    it sends a valid one (the shell hands this to the loop in place of a sample)."""
+    meid: str
+    received: float
+    reason: str                        # non-finite | negative | above-gpu | above-cell | percent | miss-count
+    detail: str = ""
+
+
+class KpmValueError(IngestError):
+    def __init__(self, refusal: KpmRefusal) -> None:
+        super().__init__("value", f"{refusal.meid}: {refusal.reason}: {refusal.detail}")
+        self.refusal = refusal
+
+
+@dataclass(frozen=True)
+class NodeLimits:
+    """What a node's site can physically report: its GPU's SMs (xapp.config SiteConfig.gpu_sms)."""
+    gpu_sms: int
 
 
 def meas_key(name: str | int, label=None) -> str:
@@ -99,6 +143,38 @@ def fold(records: tuple[tuple, ...], keys: tuple[str, ...]) -> dict[str, float]:
     return out
 
 
+def check_values(records: tuple[tuple, ...], keys: tuple[str, ...], limits: NodeLimits | None,
+                 granul_period_ms: int | None) -> tuple[str, str] | None:
+    """(reason, detail) of the first impossible value of a format-1 message, None when all are possible.
+    Raw record values are checked, not folded ones: max() would hide a NaN and a mean could hide one
+    record's negative value."""
+    for r in records:
+        for key, v in zip(keys, r, strict=False):
+            if v is None:
+                continue
+            v = float(v)
+            if not math.isfinite(v):
+                return "non-finite", f"{key} = {v}"
+            if v < 0:
+                return "negative", f"{key} = {v}"
+            name = key.split("@")[0]
+            if name in _PERCENT and v > 100:
+                return "percent", f"{key} = {v} %"
+            if name.startswith("RRU.Prb") and v > MAX_PRBS_PER_NODE:
+                return "above-cell", f"{key} = {v} PRBs > {MAX_PRBS_PER_NODE}"
+            if limits is not None and name.startswith(_SM_PREFIX) and v > limits.gpu_sms:
+                return "above-gpu", f"{key} = {v} SMs > the site's {limits.gpu_sms}"
+            if name == "GPU.DeadlineMiss" and granul_period_ms and v > MAX_SLOTS_PER_MS * granul_period_ms:
+                return "miss-count", f"{key} = {v} slots in a {granul_period_ms} ms period"
+        vals = {k: float(v) for k, v in zip(keys, r, strict=False) if v is not None}
+        for used, avail in _PRB_AVAIL.items():
+            if avail in vals:
+                over = [k for k, v in vals.items() if k.split("@")[0] == used and v > vals[avail] + 1]
+                if over:       # +1: a mean of PRBs rounded to an integer may round above the available
+                    return "above-cell", f"{over[0]} = {vals[over[0]]} > {avail} = {vals[avail]}"
+    return None
+
+
 class Ingest:
     """`decode` is the E2AP decoder (default: e2sm's, with its pycrate-free RICindication path); the
     benchmark passes `e2sm.e2ap.decode_e2ap_reference` for its baseline.
@@ -112,7 +188,13 @@ class Ingest:
         self.decode = decode
         self.subs: dict[int, KpmSubscription] = {}
         self.errors: dict[str, int] = {}
+        self.refused: dict[tuple[str, str], int] = {}      # (meid, reason) -> frames refused for their values
+        self.limits: dict[str, NodeLimits] = {}            # meid -> bounds from its site's config
         self.accepted = 0
+
+    def set_limits(self, sites) -> None:
+        """Bounds per node from the sites of the config (xapp.config SiteConfig)."""
+        self.limits = {m: NodeLimits(s.gpu_sms) for s in sites for m in s.nodes}
 
     def add(self, sub: KpmSubscription) -> None:
         self.subs[sub.sub_id] = sub
@@ -150,6 +232,12 @@ class Ingest:
         if any(len(r) != len(keys) for r in msg.records):
             raise self._fail("shape", f"{sub.meid}: records of {[len(r) for r in msg.records]} items "
                                       f"for {len(keys)} measurements")
+        bad = check_values(msg.records, keys, self.limits.get(sub.meid), msg.granul_period_ms)
+        if bad is not None:
+            reason, detail = bad
+            self.errors["value"] = self.errors.get("value", 0) + 1
+            self.refused[(sub.meid, reason)] = self.refused.get((sub.meid, reason), 0) + 1
+            raise KpmValueError(KpmRefusal(sub.meid, now, reason, detail))
         self.accepted += 1
         collected_s, res = collection_seconds(collected, sub.version)
         return KpmSample(meid=sub.meid, received=now, collected=collected,

@@ -15,13 +15,19 @@ envelope sent to it is acknowledged.
 Fail-safe rules (RAN first; architecture.md): a site's lease is revoked at once when
 - its KPM is stale (no fresh sample from one of its nodes for `stale_periods` periods) or a node is lost;
   a sample is fresh by its own collection time, not by when the xApp dequeued it (a burst of old
-  indications after a stall is not fresh), and out-of-sequence samples are dropped;
+  indications after a stall is not fresh), and out-of-sequence samples are dropped; a node whose latest
+  frame ingest refused for impossible values (`KpmRefusal`) is not fresh until it sends a valid one;
 - an RC control to one of its nodes fails or is not acknowledged within `control_timeout_ms`
   (the site then stays conservative -- no grant -- for `FAILSAFE_PERIODS` periods);
 - a node reports a deadline miss (`GPU.DeadlineMiss`): conservative for `MISS_HOLDOFF_PERIODS`;
 - its agent is gone (the broker drops the lease itself; the loop just stops granting).
 A site that held no lease for `LIFT_AFTER_PERIODS` has its shaping lifted (envelope = whole GPU, caps
 cleared); `lift_shaping` does the same for every node at shutdown.
+
+Isolation: each site's part of a step (its samples, control results, fail-safe checks and decision) runs
+on its own; an exception there revokes that site's lease and holds it conservative for
+`FAILSAFE_PERIODS` (`site-error`), while every other site is decided as usual. A grant that the failing
+part had decided is withheld; controls it had sent stay (the ledger already counts them).
 """
 from __future__ import annotations
 
@@ -34,7 +40,7 @@ from e2sm.rc import SliceQuota
 from xapp.actuate import CONTROL_REQUESTOR, NodeControl, envelope_request, quota_request
 from xapp.config import SiteConfig, XappConfig
 from xapp.estimate import AVAIL_DL, CostModel, DemandEstimate, SiteEstimator
-from xapp.ingest import KpmSample, meas_key
+from xapp.ingest import KpmRefusal, KpmSample, meas_key
 from xapp.invariant import SiteSafety
 from xapp.policy import CellCap, QuotaCost, SiteHistory, SiteObservation, make_policy
 
@@ -101,7 +107,7 @@ class LeaseRelease:
 
 @dataclass(frozen=True, kw_only=True)
 class Inputs:
-    samples: tuple[KpmSample, ...] = ()
+    samples: tuple[KpmSample | KpmRefusal, ...] = ()      # in arrival order: a refusal, then a valid one
     results: tuple[ControlOutcome, ...] = ()
     agents: frozenset[str] = frozenset()          # sites with a connected agent
     lost_nodes: frozenset[str] = frozenset()
@@ -139,6 +145,8 @@ class NodeFeed:
     accepted_at: float = -math.inf
     delays: deque = field(default_factory=lambda: deque(maxlen=DELAY_WINDOW))   # received - collected
     dropped: int = 0
+    refused: str = ""                    # reason ingest refused the node's latest frame ("": it was valid)
+    refused_total: int = 0
 
 
 @dataclass
@@ -163,6 +171,7 @@ class SiteRuntime:
     last_view: SiteDecisionView | None = None
     last_estimate: DemandEstimate | None = None
     misses: int = 0
+    site_errors: int = 0                 # steps in which this site's part raised (revoked: site-error)
 
     @property
     def acked_envelope(self) -> int | None:
@@ -243,8 +252,24 @@ def stale_limit(state: LoopState) -> float:
 
 
 def fresh(state: LoopState, rt: SiteRuntime, now: float, lost: frozenset[str] = frozenset()) -> bool:
+    """Every node of the site connected, its latest frame valid and its latest sample recent: the one
+    rule a grant's freshness rests on."""
+    return not_fresh_reason(state, rt, now, lost) == ""
+
+
+def not_fresh_reason(state: LoopState, rt: SiteRuntime, now: float, lost: frozenset[str] = frozenset()) -> str:
+    """"" when fresh, else why not: lost-node | refused-kpm | stale-kpm."""
     limit = stale_limit(state)
-    return all(m not in lost and m in rt.last and now - rt.last[m].received <= limit for m in rt.cfg.nodes)
+    why = ""
+    for m in rt.cfg.nodes:
+        if m in lost:
+            return "lost-node"
+        feed = rt.feeds.get(m)
+        if feed is not None and feed.refused:
+            why = "refused-kpm"
+        elif not why and (m not in rt.last or now - rt.last[m].received > limit):
+            why = "stale-kpm"
+    return why
 
 
 def next_deadline(state: LoopState) -> float:
@@ -333,18 +358,30 @@ def _ingest(state: LoopState, samples: tuple[KpmSample, ...], now: float, action
         if site is None or (only is not None and site.site_id != only):
             continue
         rt = state.sites[site.site_id]
-        if not _accept(state, rt, s):
-            continue
-        if s.meid not in rt.last or s.received - rt.last[s.meid].received > stale_limit(state):
-            # first sample, or the first after a silence: the node may have restarted without its
-            # envelope, so it is unknown (the whole GPU) until it acknowledges one again
-            rt.safety.node_unknown(s.meid, "kpm-resumed" if s.meid in rt.last else "e2-setup")
-        rt.last[s.meid] = s
-        missed = int(s.values.get("GPU.DeadlineMiss", 0) or 0)
-        if missed > 0:
-            rt.misses += missed
-            state.events.append((now, rt.cfg.site_id, "deadline-miss", f"{s.meid}: {missed} slots"))
-            _conservative(state, rt, now, MISS_HOLDOFF_PERIODS, "deadline-miss", actions)
+        try:
+            _ingest_one(state, rt, s, now, actions)
+        except Exception as exc:  # noqa: BLE001 - a sample must not take the other sites down
+            _site_error(state, rt, now, "ingest", exc, actions)
+
+
+def _ingest_one(state: LoopState, rt: SiteRuntime, s: KpmSample | KpmRefusal, now: float, actions: list) -> None:
+    if isinstance(s, KpmRefusal):
+        feed = rt.feeds.setdefault(s.meid, NodeFeed())
+        feed.refused, feed.refused_total = s.reason, feed.refused_total + 1
+        return
+    if not _accept(state, rt, s):
+        return
+    if s.meid not in rt.last or s.received - rt.last[s.meid].received > stale_limit(state):
+        # first sample, or the first after a silence: the node may have restarted without its
+        # envelope, so it is unknown (the whole GPU) until it acknowledges one again
+        rt.safety.node_unknown(s.meid, "kpm-resumed" if s.meid in rt.last else "e2-setup")
+    rt.last[s.meid] = s
+    rt.feeds[s.meid].refused = ""       # a valid frame: the node is fresh again
+    missed = int(s.values.get("GPU.DeadlineMiss", 0) or 0)
+    if missed > 0:
+        rt.misses += missed
+        state.events.append((now, rt.cfg.site_id, "deadline-miss", f"{s.meid}: {missed} slots"))
+        _conservative(state, rt, now, MISS_HOLDOFF_PERIODS, "deadline-miss", actions)
 
 
 def _results(state: LoopState, results: tuple[ControlOutcome, ...], now: float, actions: list,
@@ -357,16 +394,28 @@ def _results(state: LoopState, results: tuple[ControlOutcome, ...], now: float, 
             continue
         _pop_pending(state, r.control_id)
         rt = state.sites[p.control.site_id]
-        if r.ok:
-            if p.control.kind == "envelope":
-                rt.safety.control_acked(p.control.meid, p.control.control_id)
-            rt.acked_caps = p.control.quotas or rt.acked_caps
-            state.events.append((now, rt.cfg.site_id, "control-ack", f"{p.control.kind} {p.control.meid}"))
-        else:
-            rt.safety.control_failed(p.control.meid, p.control.control_id)
-            rt.sent_caps_by_node.pop(p.control.meid, None)      # resend the next decision
-            state.events.append((now, rt.cfg.site_id, "control-failure", f"{p.control.meid}: {r.cause}"))
-            _conservative(state, rt, now, FAILSAFE_PERIODS, f"control-failure: {r.cause}", actions)
+        try:
+            _result_one(state, rt, p, r, now, actions)
+        except Exception as exc:  # noqa: BLE001 - one site's failure must not revoke the others
+            _site_error(state, rt, now, "control-result", exc, actions)
+    _timeouts(state, now, actions, only)
+
+
+def _result_one(state: LoopState, rt: SiteRuntime, p: PendingControl, r: ControlOutcome, now: float,
+                actions: list) -> None:
+    if r.ok:
+        if p.control.kind == "envelope":
+            rt.safety.control_acked(p.control.meid, p.control.control_id)
+        rt.acked_caps = p.control.quotas or rt.acked_caps
+        state.events.append((now, rt.cfg.site_id, "control-ack", f"{p.control.kind} {p.control.meid}"))
+    else:
+        rt.safety.control_failed(p.control.meid, p.control.control_id)
+        rt.sent_caps_by_node.pop(p.control.meid, None)      # resend the next decision
+        state.events.append((now, rt.cfg.site_id, "control-failure", f"{p.control.meid}: {r.cause}"))
+        _conservative(state, rt, now, FAILSAFE_PERIODS, f"control-failure: {r.cause}", actions)
+
+
+def _timeouts(state: LoopState, now: float, actions: list, only: str | None) -> None:
     timeout = state.cfg.actuation.control_timeout_ms / 1000.0
     for cid, p in list(state.pending.items()):
         if now - p.sent >= timeout and (only is None or p.control.site_id == only):
@@ -394,8 +443,9 @@ def _between_ticks(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs
         if n is not None and (n.known is not None or n.inflight):
             rt.safety.node_unknown(m, "lost-node")
     if rt.grant_sms > 0:
-        if not fresh(state, rt, now, inputs.lost_nodes):
-            _revoke(state, rt, now, "lost-node" if lost else "stale-kpm", actions)
+        why = not_fresh_reason(state, rt, now, inputs.lost_nodes)
+        if why:
+            _revoke(state, rt, now, why, actions)
         elif rt.cfg.site_id not in inputs.agents:
             rt.grant_sms = 0      # the broker already dropped the lease with the stream
     if rt.deferred_envelope is not None and state.control_leader:
@@ -408,13 +458,42 @@ def step(state: LoopState, now: float, inputs: Inputs) -> tuple[LoopState, list[
     _releases(state, inputs.releases)
     _results(state, inputs.results, now, actions)
     for rt in state.sites.values():
-        _between_ticks(state, rt, now, inputs, actions)
+        _isolated(state, rt, now, "fail-safe", _between_ticks, inputs, actions)
     if now >= state.next_tick - TICK_SLACK:
         period = state.cfg.period_s
         state.next_tick += period * max(1, math.floor((now + TICK_SLACK - state.next_tick) / period) + 1)
         for rt in state.sites.values():
-            _decide(state, rt, now, inputs, actions)
+            _isolated(state, rt, now, "decide", _decide, inputs, actions)
     return state, actions
+
+
+def _isolated(state: LoopState, rt: SiteRuntime, now: float, stage: str, fn, inputs: Inputs, actions: list) -> None:
+    """`fn(state, rt, now, inputs, own)` for one site; its actions join `actions` unless it raises, in
+    which case `_site_error` revokes that site alone."""
+    own: list = []
+    try:
+        fn(state, rt, now, inputs, own)
+    except Exception as exc:  # noqa: BLE001 - one site's failure must not revoke the others
+        actions += [a for a in own if not isinstance(a, GrantLease)]
+        _site_error(state, rt, now, stage, exc, actions)
+        return
+    actions += own
+
+
+def _site_error(state: LoopState, rt: SiteRuntime, now: float, stage: str, exc: BaseException,
+                actions: list) -> None:
+    """A failure confined to one site: revoke its lease (whatever it was decided to be this step) and
+    hold it conservative. Controls already sent stay in the ledger and in `pending`, so their replies
+    and timeouts are still tracked."""
+    site = rt.cfg.site_id
+    actions[:] = [a for a in actions if not (isinstance(a, GrantLease) and a.site_id == site)]
+    actions.append(RevokeLease(site_id=site, reason="site-error"))
+    rt.grant_sms = 0
+    rt.site_errors += 1
+    state.events.append((now, site, "site-error", f"{stage}: {type(exc).__name__}: {exc}"[:300]))
+    until = now + FAILSAFE_PERIODS * state.cfg.period_s
+    if until > rt.conservative_until:
+        rt.conservative_until, rt.conservative_reason = until, "site-error"
 
 
 def step_site(state: LoopState, site_id: str, now: float, samples: tuple[KpmSample, ...] = (),
@@ -428,8 +507,8 @@ def step_site(state: LoopState, site_id: str, now: float, samples: tuple[KpmSamp
     _releases(state, tuple(r for r in releases if r.site_id == site_id))
     _results(state, results, now, actions, only=site_id)
     rt = state.sites[site_id]
-    _between_ticks(state, rt, now, inputs, actions)
-    _decide(state, rt, now, inputs, actions)
+    _isolated(state, rt, now, "fail-safe", _between_ticks, inputs, actions)
+    _isolated(state, rt, now, "decide", _decide, inputs, actions)
     return actions
 
 
@@ -472,7 +551,8 @@ class _Label:
 
 def _decide(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs, actions: list) -> None:
     cfg, site = state.cfg, rt.cfg
-    is_fresh = fresh(state, rt, now, inputs.lost_nodes)
+    stale_why = not_fresh_reason(state, rt, now, inputs.lost_nodes)
+    is_fresh = not stale_why
     samples = [rt.last[m] for m in site.nodes if m in rt.last]
     est = rt.estimator.estimate(samples) if is_fresh else DemandEstimate(
         site_id=site.site_id, mean=None, peak=None, peak_q=None, source="none")
@@ -482,7 +562,7 @@ def _decide(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs, actio
         rt.idle_since = now
     reason = ""
     if not is_fresh or est.mean is None:
-        reason = "stale-kpm" if not is_fresh else "no-estimate"
+        reason = stale_why or "no-estimate"
     elif now < rt.conservative_until:
         reason = rt.conservative_reason.split(":")[0] or "failsafe"
     elif not state.control_leader:
