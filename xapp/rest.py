@@ -9,16 +9,19 @@ Every error is JSON `{"error": ...}` with a 4xx status; a refused request change
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hmac
-import json
+import logging
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from xapp import lograte
 from xapp.config import ConfigError, XappConfig
+from xapp.restguard import MAX_DEPTH, ConnectionGuard, parse_json
 from xapp.submgr import SubmgrError
 
 if TYPE_CHECKING:
@@ -26,7 +29,14 @@ if TYPE_CHECKING:
 
 STATIC = Path(__file__).resolve().parent / "static"
 MAX_BODY = 256 * 1024
+BODY_TIMEOUT_S = 10.0       # a body trickled slower than this is a 408, not a handler held forever
+HEAD_TIMEOUT_S = 5.0        # the first request head on a connection (restguard.ConnectionGuard)
+KEEPALIVE_S = 10.0          # later heads: aiohttp closes a kept-alive connection idle this long
+MAX_CONNECTIONS = 256
 APP_KEY = web.AppKey("xapp", object)
+GUARD_KEY = web.AppKey("guard", ConnectionGuard)
+ERRORS_KEY = web.AppKey("errors", dict)        # status -> count of error responses, for /metrics
+log = logging.getLogger("weaver.xapp.rest")
 
 
 def _err(status: int, msg: str) -> web.Response:
@@ -40,11 +50,11 @@ def _x(request) -> XappApp:
 async def _json_body(request) -> object:
     if request.content_length is not None and request.content_length > MAX_BODY:
         raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY, actual_size=request.content_length)
-    raw = await request.read()
     try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"body is not JSON: {exc}") from None
+        raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+    except TimeoutError:
+        raise web.HTTPRequestTimeout() from None
+    return parse_json(raw, MAX_DEPTH)       # ValueError (a 400) for bad UTF-8, bad JSON, too deep, NaN
 
 
 def _num(v):
@@ -266,6 +276,16 @@ def openapi_spec() -> dict:
         return {"summary": summary, "responses": responses or {"200": {"description": "OK"}}, **extra}
     site_param = [{"name": "site", "in": "path", "required": True, "schema": {"type": "string"}}]
     return {
+    guard = request.app[GUARD_KEY]
+    lines += ["# TYPE weaver_rest_connections gauge", f"weaver_rest_connections {len(guard.open)}",
+              "# TYPE weaver_rest_connections_cut_total counter",
+              f'weaver_rest_connections_cut_total{{reason="head_timeout"}} {guard.head_timeouts}',
+              f'weaver_rest_connections_cut_total{{reason="evicted"}} {guard.evicted}',
+              f'weaver_rest_connections_cut_total{{reason="limit"}} {guard.refused}',
+              "# TYPE weaver_rest_errors_total counter"]
+    lines += [f'weaver_rest_errors_total{{status="{k}"}} {v}' for k, v in sorted(request.app[ERRORS_KEY].items())]
+    lines += ["# TYPE weaver_log_lines_suppressed_total counter",
+              f"weaver_log_lines_suppressed_total {lograte.suppressed_total()}"]
         "openapi": "3.0.3",
         "info": {"title": "Weaver xApp", "version": "0.1.0",
                  "description": "KPM in, compute-smoothing RC control and GPU leases out."},
@@ -309,16 +329,44 @@ async def index(request):
 @web.middleware
 async def json_errors(request, handler):
     try:
-        return await handler(request)
+        resp = await handler(request)
     except web.HTTPRequestEntityTooLarge:
-        return _err(413, f"body larger than {MAX_BODY} bytes")
+        resp = _err(413, f"body larger than {MAX_BODY} bytes")
     except web.HTTPMethodNotAllowed as exc:
-        return _err(405, f"{request.method} not allowed on {request.path} (allowed: {sorted(exc.allowed_methods)})")
+        resp = _err(405, f"{request.method} not allowed on {request.path} (allowed: {sorted(exc.allowed_methods)})")
     except web.HTTPNotFound:
-        return _err(404, f"no such path {request.path}")
+        resp = _err(404, f"no such path {request.path[:200]}")
+    except web.HTTPException as exc:
+        if exc.status < 400:                # redirects pass through
+            raise
+        resp = _err(exc.status, exc.reason)
+    except Exception:
+        log.exception("REST %s %s failed", request.method, request.path[:200])
+        resp = _err(500, "internal error (the xApp logged it)")
+    if resp.status >= 400 and resp.content_type != "application/json":
+        resp = _err(resp.status, resp.reason or "error")
+    if resp.status >= 400:
+        errors = request.app[ERRORS_KEY]
+        errors[resp.status] = errors.get(resp.status, 0) + 1
+    return resp
+
+async def static_file(request):
+    """A file under xapp/static/ or a JSON 404: nothing outside the directory (after resolving `..` and
+    symlinks), no directory listings."""
+    try:
+        path = (STATIC / request.match_info["path"]).resolve()
+        ok = path.is_relative_to(STATIC) and path.is_file()
+    except (OSError, ValueError):           # a NUL byte, a name too long
+        ok = False
+    if not ok:
+        return _err(404, f"no such file {request.path[:200]}")
+    return web.FileResponse(path)
+
 
 
 def build_app(x: XappApp) -> web.Application:
+    """Every error a client sees is JSON {"error": ...}: a 4xx for the client's faults, a 500 for ours,
+    logged here once and its traceback never sent."""
     app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY)
     app[APP_KEY] = x
     r = app.router
@@ -332,19 +380,42 @@ def build_app(x: XappApp) -> web.Application:
     r.add_get("/api/v1/sites/{site}/series", series)
     r.add_get("/api/v1/agents", agents)
     r.add_get("/api/v1/controls", controls)
+    app[GUARD_KEY] = ConnectionGuard(head_timeout_s=HEAD_TIMEOUT_S, max_connections=MAX_CONNECTIONS)
+    app[ERRORS_KEY] = {}
     r.add_get("/api/v1/transfers", transfers)
     r.add_get("/api/v1/rounds", rounds)
     r.add_get("/metrics", metrics)
     r.add_get("/openapi.json", openapi)
     r.add_get("/", index)
     if STATIC.is_dir():
-        r.add_static("/static/", STATIC)
+        r.add_get("/static/{path:.+}", static_file)
     return app
 
 
-async def start_rest(x: XappApp, port: int, host: str = "0.0.0.0") -> tuple[web.AppRunner, int]:
-    runner = web.AppRunner(build_app(x), access_log=None)
+class _GuardedSite(web.TCPSite):
+    """TCPSite with the connection guard between the socket and aiohttp (TCPSite.start, but the factory
+    handed to create_server is the guard; aiohttp offers no hook for it)."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, guard: ConnectionGuard):
+        super().__init__(runner, host, port)
+        self.guard = guard
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        self.guard.factory = self._runner.server
+        self._server = await asyncio.get_running_loop().create_server(self.guard, self._host, self._port,
+                                                                      backlog=self._backlog)
+        self._bound_port = self._server.sockets[0].getsockname()[1]
+
+
+async def start_rest(x: XappApp, port: int, host: str = "0.0.0.0", *, head_timeout_s: float | None = None,
+                     max_connections: int | None = None) -> tuple[web.AppRunner, int]:
+    app = build_app(x)
+    guard = app[GUARD_KEY]
+    guard.head_timeout_s = head_timeout_s or guard.head_timeout_s
+    guard.max_connections = max_connections or guard.max_connections
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = _GuardedSite(runner, host, port, guard)
     await site.start()
-    return runner, site._server.sockets[0].getsockname()[1]
+    return runner, site.port
