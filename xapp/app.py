@@ -367,8 +367,10 @@ class XappApp:
                                       for _meid, sst, sd, ratio in rec.caps)
         if snap.control_cursor is not None:             # RC control ids go on where the last run stopped
             self.state.next_control_id = (snap.control_cursor % 0xFFFF) + 1
+        from xapp import lograte
         self._wait_out_leases(snap.leases, "a previous instance's")
         self._take_leadership(self.now(), at_start=True, leases=snap.leases)
+        lograte.install()       # peers decide how often some lines are logged (stray RMR frames, bad HTTP)
         port = cfg.rmr.port if rmr_port is None else rmr_port
         try:
             self.rmr = await open_backend(cfg.rmr.backend, port, cfg.rmr.route_table, **RMR_BOUNDS)

@@ -268,14 +268,6 @@ async def metrics(request):
                    "misses_reported": rt.misses}[name]
             if val is not None:
                 lines.append(f'weaver_site_{name}{{site="{sid}"}} {val}')
-    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8")
-
-
-def openapi_spec() -> dict:
-    def op(summary, responses=None, **extra):
-        return {"summary": summary, "responses": responses or {"200": {"description": "OK"}}, **extra}
-    site_param = [{"name": "site", "in": "path", "required": True, "schema": {"type": "string"}}]
-    return {
     guard = request.app[GUARD_KEY]
     lines += ["# TYPE weaver_rest_connections gauge", f"weaver_rest_connections {len(guard.open)}",
               "# TYPE weaver_rest_connections_cut_total counter",
@@ -286,6 +278,14 @@ def openapi_spec() -> dict:
     lines += [f'weaver_rest_errors_total{{status="{k}"}} {v}' for k, v in sorted(request.app[ERRORS_KEY].items())]
     lines += ["# TYPE weaver_log_lines_suppressed_total counter",
               f"weaver_log_lines_suppressed_total {lograte.suppressed_total()}"]
+    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8")
+
+
+def openapi_spec() -> dict:
+    def op(summary, responses=None, **extra):
+        return {"summary": summary, "responses": responses or {"200": {"description": "OK"}}, **extra}
+    site_param = [{"name": "site", "in": "path", "required": True, "schema": {"type": "string"}}]
+    return {
         "openapi": "3.0.3",
         "info": {"title": "Weaver xApp", "version": "0.1.0",
                  "description": "KPM in, compute-smoothing RC control and GPU leases out."},
@@ -326,8 +326,23 @@ async def index(request):
     raise web.HTTPFound("/static/index.html")
 
 
+async def static_file(request):
+    """A file under xapp/static/ or a JSON 404: nothing outside the directory (after resolving `..` and
+    symlinks), no directory listings."""
+    try:
+        path = (STATIC / request.match_info["path"]).resolve()
+        ok = path.is_relative_to(STATIC) and path.is_file()
+    except (OSError, ValueError):           # a NUL byte, a name too long
+        ok = False
+    if not ok:
+        return _err(404, f"no such file {request.path[:200]}")
+    return web.FileResponse(path)
+
+
 @web.middleware
 async def json_errors(request, handler):
+    """Every error a client sees is JSON {"error": ...}: a 4xx for the client's faults, a 500 for ours,
+    logged here once and its traceback never sent."""
     try:
         resp = await handler(request)
     except web.HTTPRequestEntityTooLarge:
@@ -350,25 +365,12 @@ async def json_errors(request, handler):
         errors[resp.status] = errors.get(resp.status, 0) + 1
     return resp
 
-async def static_file(request):
-    """A file under xapp/static/ or a JSON 404: nothing outside the directory (after resolving `..` and
-    symlinks), no directory listings."""
-    try:
-        path = (STATIC / request.match_info["path"]).resolve()
-        ok = path.is_relative_to(STATIC) and path.is_file()
-    except (OSError, ValueError):           # a NUL byte, a name too long
-        ok = False
-    if not ok:
-        return _err(404, f"no such file {request.path[:200]}")
-    return web.FileResponse(path)
-
-
 
 def build_app(x: XappApp) -> web.Application:
-    """Every error a client sees is JSON {"error": ...}: a 4xx for the client's faults, a 500 for ours,
-    logged here once and its traceback never sent."""
     app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY)
     app[APP_KEY] = x
+    app[GUARD_KEY] = ConnectionGuard(head_timeout_s=HEAD_TIMEOUT_S, max_connections=MAX_CONNECTIONS)
+    app[ERRORS_KEY] = {}
     r = app.router
     r.add_get("/ric/v1/health/alive", alive)
     r.add_get("/ric/v1/health/ready", ready)
