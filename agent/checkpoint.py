@@ -2,7 +2,9 @@
 fsync the directory; keep the last k. A crash at any point leaves either the old set or the new one.
 
 Files are `ckpt-<step:09d>.pt` holding the trainer's named parts (model, optimizer, train_state,
-config) plus any `extra` the caller adds (e.g. the cross-site round).
+config) plus any `extra` the caller adds (e.g. the cross-site round). They are created 0600, and the
+directory 0700 when this store creates it: weights and run configuration are the operator's, not every
+local user's (an existing directory keeps the mode its owner gave it).
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from pathlib import Path
 import torch
 
 NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 
 
 @dataclass(frozen=True)
@@ -40,11 +44,16 @@ class CheckpointStore:
         return found[-1] if found else None
 
     def save(self, state: dict, step: int) -> CheckpointInfo:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)   # mode: only what mkdir creates
         final = self.directory / f"ckpt-{step:09d}.pt"
         tmp = self.directory / f".{final.name}.tmp-{os.getpid()}"
         try:
-            with open(tmp, "wb") as f:
+            # O_EXCL: never write through a file (or link) someone placed at the temp name; the mode is
+            # set at creation, so there is no moment the file is readable by others
+            tmp.unlink(missing_ok=True)        # a leftover of a crashed writer with our pid (a link: only it goes)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+            os.fchmod(fd, FILE_MODE)           # exactly 0600, whatever bits the umask took away
+            with open(fd, "wb") as f:
                 torch.save(state, f)
                 f.flush()
                 os.fsync(f.fileno())

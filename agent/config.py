@@ -1,6 +1,8 @@
 """Configuration: one small frozen dataclass per component, validated on construction, plus presets.
 
 Every checkpoint stores the effective `TrainConfig` (`dataclasses.asdict`), so a run can be reproduced.
+Secrets (the lease-broker credential, `LeaseClientConfig.token`) are kept out of what is written or shown:
+`AgentConfig.to_dict()` blanks them and `repr` omits them, so a checkpoint or a log line never holds one.
 """
 from __future__ import annotations
 
@@ -74,7 +76,7 @@ class LeaseClientConfig:
     broker: str = "127.0.0.1:50051"
     site_id: str = "site-0"
     agent_id: str = ""            # "" = hostname-pid
-    token: str = ""
+    token: str = field(default="", repr=False)   # this site's broker credential: a secret, never logged
     heartbeat_ms: int = 500       # used until the broker's Welcome says otherwise
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 5.0
@@ -118,8 +120,12 @@ class AgentConfig:
     inspect_addr: str = "127.0.0.1:50061"  # AgentInspect gRPC server (localhost only; port 0 = any)
     metrics_addr: str = "127.0.0.1:9466"   # Prometheus /metrics over HTTP; "" = off
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def to_dict(self, *, secrets: bool = False) -> dict:
+        """Plain data, for checkpoints and display: the broker credential is blanked unless `secrets`."""
+        d = asdict(self)
+        if not secrets and d["lease"]["token"]:
+            d["lease"]["token"] = ""
+        return d
 
     @classmethod
     def from_dict(cls, data: dict) -> AgentConfig:

@@ -4,7 +4,11 @@ A background thread owns the stream: it sends Register first (site id, device fa
 then heartbeats at the broker's interval plus whatever the trainer queues (usage reports, transfer
 plans, round reports); it turns Welcome/Lease/Revoke into events stamped with the agent's own
 monotonic clock. When the stream breaks it emits `Disconnected` and reconnects with exponential
-backoff (reset once a Welcome arrives).
+backoff (reset once a Welcome arrives). A Register the broker refuses (a wrong credential, or
+ALREADY_EXISTS while the broker still holds this site's previous session, e.g. a cut connection it has
+not noticed yet) is retried the same way: the broker takes the reconnect once that session is gone.
+The token is this site's credential from the operator (`weaver-xapp site-token SITE`); it goes out only
+in the Register and its metadata, never into a log line.
 
 The client never decides whether work may run: the trainer loop feeds these events to the budget
 enforcer, which lets a lease lapse on its own clock whether or not the broker is still there;
@@ -80,6 +84,7 @@ Event = Connected | Disconnected | LeaseGranted | LeaseRevoked | CrossSiteChange
 
 OFFSET_SAMPLES = 64       # offset samples the bound is taken over (at 500 ms heartbeats: the last 32 s)
 SENT_KEPT = 2 * OFFSET_SAMPLES   # heartbeat send times kept waiting for their echo
+REFUSALS = ("UNAUTHENTICATED", "ALREADY_EXISTS", "INVALID_ARGUMENT", "PERMISSION_DENIED")
 
 
 @dataclass
@@ -162,6 +167,7 @@ class LeaseClient:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="lease-client", daemon=True)
         self._heartbeat_s = config.heartbeat_ms / 1e3
+        self._refused = ""          # the last refusal logged (a retried refusal is logged once, not per try)
 
     # --- lifecycle -------------------------------------------------------------------------------
     def start(self) -> LeaseClient:
@@ -292,9 +298,14 @@ class LeaseClient:
                     was_connected, self.connected = self.connected, False
                     self._call = self._stream = None
         if was_connected or welcomed:
+            self._refused = ""
             if not self._stop.is_set():
                 log.warning("lease stream to %s lost: %s", self.config.broker, reason)
             self._events.put(Disconnected(self.clock(), reason))
+        elif reason != self._refused and not self._stop.is_set() and reason.split(":")[0] in REFUSALS:
+            self._refused = reason
+            log.warning("broker %s refused site %s: %s (retrying with backoff)", self.config.broker,
+                        self.config.site_id, reason)
         return welcomed
 
     def _handle(self, msg: lease_pb2.BrokerMessage, stream: _Stream) -> bool:

@@ -18,7 +18,9 @@ scale gpu_sms / cores): that is what the model charges against the RAN's demand 
 misses are counted from. The first period waits until every agent is connected (its start-up, e.g. the
 warm-up before it connects, is reported as ground_truth.startup_cpu_s). The lease each agent reports
 holding (its AgentInspect service) is kept beside it (`sm_seconds_held_by_agent`), and the difference is
-reported (`sm_ms_beyond_lease`). Each agent dials the lease broker through its own TCP proxy
+reported (`sm_ms_beyond_lease`). The run makes a fresh broker secret (only the xApp's environment holds
+it) and hands each agent its own site's credential (`xapp.agents.site_credential`, in WEAVER_AGENT_TOKEN),
+so an agent can register only as its site. Each agent dials the lease broker through its own TCP proxy
 (`testbed.tcpproxy`), where the network faults act; `--fault` (`testbed.faults`) injects faults into the
 real processes and the real wire. Ctrl-C (or `--duration`) stops the xApp first (it revokes every lease),
 then the agents, all at once (each finishes its round and writes a checkpoint), then the Lighthouse, then
@@ -34,6 +36,7 @@ import logging
 import math
 import os
 import re
+import secrets
 import signal
 import socket
 import sys
@@ -461,6 +464,11 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                                           indent=2))
         xenv = {"CONFIG_FILE": str(config_path), "RMR_SEED_RT": str(sim.ric.route_file), "RMR_RTG_SVC": "-1",
                 "RMR_SRC_ID": cfg.host, "PYTHONPATH": str(ROOT)}
+        from xapp.agents import site_credential
+        broker_secret = secrets.token_hex(32)   # this run's; in no file, only in the xApp's environment
+        token_env = json.loads(config_path.read_text())["controls"]["broker"].get("token_env")
+        if token_env:
+            xenv[token_env] = broker_secret
         xapp = sup.start("xapp", [sys.executable, "-m", "xapp", "--config", str(config_path)], env=xenv)
         await asyncio.to_thread(xapp.wait_for_line, r"weaver-xapp: ready", 90)
         agents: list[AgentView] = []
@@ -472,7 +480,8 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                     "--checkpoint-dir", str(run_dir / f"agent-{i}"), "--inspect-addr", f"{cfg.host}:0",
                     "--metrics-addr", f"{cfg.host}:0", "--mode", "gpu",  # train only under leases, never unleased
                     "--cores", str(cfg.agent_cores)]
-            sup.start(f"agent:{i}", argv, env=aenv)
+            cred = {"WEAVER_AGENT_TOKEN": site_credential(broker_secret, site_name(i))} if token_env else {}
+            sup.start(f"agent:{i}", argv, env={**aenv, **cred})   # env, not argv: ps shows every argv
         for i in range(cfg.sites):
             m = await asyncio.to_thread(sup.get(f"agent:{i}").wait_for_line, r"inspect on (\S+)", 120)
             agents.append(AgentView(i, m.group(1)))
