@@ -69,6 +69,7 @@ from xapp.state import (
     open_store,
     previous_leases_end,
 )
+from xapp.subaudit import SubscriptionStatus, missing, same_subscription
 from xapp.submgr import ActionSpec, SubmgrClient, SubmgrError, SubscriptionSpec
 
 log = logging.getLogger("weaver.xapp")
@@ -98,7 +99,9 @@ class Counters:
     grants: int = 0
     revocations: dict = field(default_factory=dict)
     send_errors: int = 0
+    resubscriptions: int = 0          # subscriptions made again because SubMgr lost them or KPM went silent
     rmr_dropped: dict = field(default_factory=dict)   # reason -> RMR frames dropped undecoded (oversize, throttled)
+    subscription_audits: int = 0      # checks of SubMgr's list that got an answer
 
 
 @dataclass
@@ -141,16 +144,6 @@ def supported_measurements(definition: bytes, version: KpmVersion) -> frozenset[
         return None
     style = desc.report_style(1)
     return frozenset(style.meas_names) if style is not None and style.meas_names else None
-
-
-def _same_subscription(d: object, rec: SubscriptionRecord) -> bool:
-    """A GET /ric/v1/subscriptions entry is ours: OSC lists the E2 instance ID as SubscriptionId (with
-    Meid); a REST id may appear as SubscriptionId or RestSubscriptionId."""
-    if not isinstance(d, dict):
-        return False
-    if rec.subscription_id in (d.get("SubscriptionId"), d.get("RestSubscriptionId")):
-        return True
-    return d.get("SubscriptionId") == rec.e2_event_instance_id and d.get("Meid") == rec.meid
 
 
 # Readiness parts that are reported but do not gate /health/ready: a follower replica is ready, or a
@@ -199,6 +192,17 @@ class XappApp:
         self.last_kpm: dict[str, float] = {}
         self.resubscribe_after_s: float | None = None    # None: max(10 s, 50 periods)
         self._resubscribing: set[str] = set()
+        # The subscription audit (xapp.subaudit): one status per wanted node, one audit and one
+        # subscriber task at a time; a node that went silent is audited once per silence.
+        self.sub_status: dict[str, SubscriptionStatus] = {
+            m: SubscriptionStatus(meid=m, since_unix=wall()) for s in cfg.sites for m in s.nodes}
+        self.last_audit_unix: float | None = None
+        self._next_audit = -math.inf
+        self._audit_task: asyncio.Task | None = None
+        self._subscriber: asyncio.Task | None = None
+        self._silence_audited: set[str] = set()
+        self._audit_error = ""
+        self._sub_wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self.epoch = 0
@@ -209,10 +213,24 @@ class XappApp:
 
     # ------------------------------------------------------------------ readiness
     def readiness(self) -> dict[str, bool]:
-        subs_ok = all(m in self.subscriptions for s in self.cfg.sites for m in s.nodes)
+        # Not only made once: SubMgr still listed it at the last audit (a lost one is missing until remade).
+        subs_ok = all(m in self.subscriptions and self._status(m).state == "active"
+                      for s in self.cfg.sites for m in s.nodes)
         return {"rmr": self.rmr is not None, "sdl": self.store is not None and self.store.healthy(),
                 "subscriptions": subs_ok, "broker": self.broker is not None and self.broker.server is not None,
                 "leader": self.state.control_leader}
+
+    def subscription_view(self) -> dict:
+        """Each wanted node's subscription state for REST and the dashboard (xapp.subaudit)."""
+        now = self.now()
+        subs = []
+        for site in self.cfg.sites:
+            for m in site.nodes:
+                last = self.last_kpm.get(m)
+                subs.append({**self._status(m).view(), "site_id": site.site_id,
+                             "kpm_age_s": None if last is None or m not in self.subscriptions else round(now - last, 3)})
+        return {"subscriptions": subs, "audit_period_s": self.cfg.submgr.audit_period_s,
+                "last_audit_unix": self.last_audit_unix, "resubscriptions": self.counters.resubscriptions}
 
     def ready(self) -> bool:
         """What /health/ready and the appmgr registration gate on (every part but REPORTED_ONLY)."""
@@ -393,8 +411,8 @@ class XappApp:
         self.http = aiohttp.ClientSession()
         self.submgr = SubmgrClient(replace(cfg.submgr, http_port=self.rest_port or cfg.submgr.http_port,
                                            rmr_port=self.rmr.port), self.http, on_instance=self._early_instance)
-        self._tasks = [asyncio.ensure_future(self._rx()), asyncio.ensure_future(self._run_loop()),
-                       asyncio.ensure_future(self._subscribe_all(snap.subscriptions))]
+        self._subscriber = asyncio.ensure_future(self._subscribe_all(snap.subscriptions))
+        self._tasks = [asyncio.ensure_future(self._rx()), asyncio.ensure_future(self._run_loop()), self._subscriber]
         for t in self._tasks:  # a background task that dies must say so, not vanish with its exception
             t.add_done_callback(_log_task_death)
         if self.watcher is not None:
@@ -449,21 +467,116 @@ class XappApp:
             except Exception as exc:  # noqa: BLE001 - SDL hiccup: retry
                 log.warning("node discovery failed: %s", exc)
                 nodes = {}
-            for meid in sorted(wanted - set(self.subscriptions)):
+            # A node whose old subscription is still being deleted waits: an identical POST before the
+            # DELETE is done would be merged by SubMgr into the one about to go.
+            for meid in sorted(wanted - set(self.subscriptions) - self._resubscribing):
                 node = nodes.get(meid)
+                st = self._status(meid)
                 if node is None or not node.connected or node.kpm is None:
-                    self.subscribe_errors[meid] = "node not in R-NIB or not connected" if node is None or \
+                    why = "node not in R-NIB or not connected" if node is None or \
                         not node.connected else "node has no KPM function"
+                    self.subscribe_errors[meid] = why
+                    if st.state != "pending":
+                        st.enter("failed", self.wall(), why)
                     continue
                 self.nodes[meid] = node
                 nc = node_control(node, self.cfg.actuation)
                 self.node_controls[meid] = nc
                 set_node(self.state, nc)
+                if st.state != "pending":
+                    st.enter("resubscribing", self.wall())
                 await self._subscribe(node, by_meid.pop(meid, None))
             if wanted <= set(self.subscriptions):
                 return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            with contextlib.suppress(TimeoutError):     # a heal cuts the backoff short
+                await asyncio.wait_for(self._sub_wake.wait(), delay)
+            delay = 0.2 if self._sub_wake.is_set() else min(delay * 2, 5.0)
+            self._sub_wake.clear()
+
+    def _status(self, meid: str) -> SubscriptionStatus:
+        return self.sub_status.setdefault(meid, SubscriptionStatus(meid=meid, since_unix=self.wall()))
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        task.add_done_callback(_log_task_death)
+        self._tasks = [t for t in self._tasks if not t.done()] + [task]    # stop() cancels what is left
+        return task
+
+    def _ensure_subscriber(self) -> None:
+        """Subscribe what is wanted and not live: wake the running subscriber, or start one."""
+        if self._stopping:
+            return
+        if self._subscriber is not None and not self._subscriber.done():
+            self._sub_wake.set()
+        else:
+            self._subscriber = self._spawn(self._subscribe_all([]))
+
+    def _forget(self, rec: SubscriptionRecord) -> None:
+        """Drop a subscription locally (SDL record, KPM route, live set); SubMgr is the caller's business."""
+        try:
+            self.store.delete_subscription(rec.meid, rec.ran_function_id)
+        except Exception as exc:  # noqa: BLE001 - SDL down: a restart verifies it against SubMgr's list
+            log.warning("subscription record %s not deleted: %s", rec.subscription_id, exc)
+        self.ingest.remove(rec.e2_event_instance_id)
+        if self.subscriptions.get(rec.meid) is rec:
+            self.subscriptions.pop(rec.meid)
+
+    def _heal(self, rec: SubscriptionRecord, why: str, *, delete: bool) -> None:
+        """Subscribe `rec`'s node again. `delete`: SubMgr still holds `rec` (silent KPM), delete it first;
+        otherwise SubMgr lost it already. Readiness is false from here until the new one is active."""
+        meid = rec.meid
+        self._resubscribing.add(meid)
+        self._forget(rec)
+        self.counters.resubscriptions += 1
+        st = self._status(meid)
+        st.resubscriptions += 1
+        st.enter("resubscribing" if delete else "missing", self.wall(), why)
+
+        async def again() -> None:
+            try:
+                if delete:
+                    try:
+                        await self.submgr.unsubscribe(rec.subscription_id)
+                    except SubmgrError as exc:
+                        log.warning("could not delete subscription %s: %s", rec.subscription_id, exc)
+            finally:
+                self._resubscribing.discard(meid)
+                self.last_kpm[meid] = self.now()        # the silence clock restarts with the new one
+            self._ensure_subscriber()
+        self._spawn(again())
+
+    def _start_audit(self, why: str) -> bool:
+        """Check SubMgr's list now (one audit at a time); the next periodic one is a period from now."""
+        if self.submgr is None or self._stopping or (self._audit_task is not None and not self._audit_task.done()):
+            return False
+        self._next_audit = self.now() + self.cfg.submgr.audit_period_s
+        self._audit_task = self._spawn(self._audit(why))
+        return True
+
+    async def _audit(self, why: str) -> None:
+        """Every live subscription that SubMgr's list no longer holds is made again."""
+        # Only what was live before the GET: one made meanwhile may be newer than the list.
+        before = dict(self.subscriptions)
+        try:
+            live = await self.submgr.list(attempts=1)
+        except SubmgrError as exc:
+            for m in before:
+                self._status(m).check_error = str(exc)[:300]
+            if str(exc) != self._audit_error:            # once per distinct failure, not every period
+                log.warning("subscription audit (%s): %s", why, exc)
+            self._audit_error = str(exc)
+            return
+        self._audit_error = ""
+        self.counters.subscription_audits += 1
+        now = self.last_audit_unix = self.wall()
+        for st in self.sub_status.values():
+            st.last_checked_unix, st.check_error = now, ""
+        for rec in missing(before.values(), live):
+            if self.subscriptions.get(rec.meid) is not rec or rec.meid in self._resubscribing:
+                continue
+            log.warning("%s: subscription %s (sub_id %d) is gone at SubMgr (audit: %s); subscribing again",
+                        rec.meid, rec.subscription_id, rec.e2_event_instance_id, why)
+            self._heal(rec, f"missing at SubMgr (audit: {why})", delete=False)
 
     async def _subscribe(self, node: E2Node, old: SubscriptionRecord | None) -> None:
         xid = sum(node.meid.encode()) % 60000 + 1
@@ -474,6 +587,7 @@ class XappApp:
             if self.subscribe_errors.get(node.meid) != str(exc):
                 log.warning("%s: cannot subscribe: %s", node.meid, exc)
             self.subscribe_errors[node.meid] = str(exc)
+            self._status(node.meid).enter("failed", self.wall(), str(exc)[:300])
             if old is not None:                          # a previous run's subscription we cannot reuse
                 await self._delete_subscription(old)
             return
@@ -485,7 +599,7 @@ class XappApp:
             except SubmgrError as exc:
                 live = None
                 log.warning("cannot list SubMgr subscriptions (%s); reusing %s unverified", exc, old.subscription_id)
-            if live is None or any(_same_subscription(d, old) for d in live):
+            if live is None or any(same_subscription(d, old) for d in live):
                 log.info("%s: reusing subscription %s (sub_id %d)", node.meid, old.subscription_id,
                          old.e2_event_instance_id)
                 self._activate(old, version, keys)
@@ -501,6 +615,7 @@ class XappApp:
                 if sub.meid == node.meid:
                     self.ingest.remove(sub_id)
             self.subscribe_errors[node.meid] = str(exc)
+            self._status(node.meid).enter("failed", self.wall(), str(exc)[:300])
             log.warning("%s: subscription failed: %s", node.meid, exc)
             return
         self._pending_subs.pop(xid, None)
@@ -524,6 +639,9 @@ class XappApp:
         self.last_kpm[rec.meid] = self.now()          # the silence clock starts at activation
         self.subscriptions[rec.meid] = rec
         self.subscribe_errors.pop(rec.meid, None)
+        st = self._status(rec.meid)
+        st.enter("active", self.wall())
+        st.subscription_id, st.sub_id = rec.subscription_id, rec.e2_event_instance_id
         self.ingest.add(KpmSubscription(rec.e2_event_instance_id, rec.meid, rec.ran_function_id, version, keys))
 
     async def _delete_subscription(self, rec: SubscriptionRecord) -> None:
@@ -532,9 +650,7 @@ class XappApp:
         except SubmgrError as exc:
             log.warning("could not delete subscription %s: %s", rec.subscription_id, exc)
             return
-        self.store.delete_subscription(rec.meid, rec.ran_function_id)
-        self.ingest.remove(rec.e2_event_instance_id)
-        self.subscriptions.pop(rec.meid, None)
+        self._forget(rec)
 
     # ------------------------------------------------------------------ RMR in
     async def _rx(self) -> None:
@@ -757,7 +873,8 @@ class XappApp:
 
     # ------------------------------------------------------------------ config
     async def _watch(self) -> None:
-        """Once a second: the leader lease (renew, or try to take it), config file (content hash) and node
+        """Once a second: the leader lease (renew, or try to take it), config file (content hash), the
+        subscription audit (on its period, and at once when a node's KPM goes silent) and node
         connection state in the R-NIB."""
         while not self._stopping:
             await asyncio.sleep(1.0)
@@ -766,7 +883,11 @@ class XappApp:
                 change = self.watcher.poll()
                 if change is not None:
                     self.apply_config(change.config)
-            if self.cfg.e2.discovery == "rnib":
+            self._audit_if_due()
+            if self.cfg.e2.discovery != "rnib":
+                # Static nodes are taken as connected: one silent for long is subscribed again too.
+                self._resubscribe_silent(dict(self.nodes))
+            else:
                 try:
                     nodes, _ = read_rnib(self.store.sdl)
                 except Exception as exc:  # noqa: BLE001 - SDL hiccup: keep the last view
@@ -779,26 +900,31 @@ class XappApp:
                     self._wake.set()
                 self._resubscribe_silent({n.meid: n for n in nodes if n.connected})
 
+    def _audit_if_due(self) -> None:
+        """The periodic audit, or one at once for a node whose KPM just went silent (once per silence:
+        SubMgr may have lost its subscription, which the periodic audit would find only later)."""
+        now = self.now()
+        after = max(1.0, 10 * self.cfg.period_s)
+        quiet = {m for m in self.subscriptions if now - self.last_kpm.get(m, now) >= after}
+        self._silence_audited &= quiet
+        newly = quiet - self._silence_audited
+        if newly:
+            if self._start_audit(f"KPM silent from {', '.join(sorted(newly))}"):
+                self._silence_audited |= newly
+        elif now >= self._next_audit:
+            self._start_audit("period")
+
     def _resubscribe_silent(self, connected: dict[str, E2Node]) -> None:
-        """A connected node that has sent no KPM for a long while (it restarted and redid E2 setup, so
-        the E2 side forgot the subscription) gets a fresh subscription. Leases are long revoked by then."""
+        """A connected node that has sent no KPM for a long while although SubMgr still lists its
+        subscription (it restarted and redid E2 setup, so the E2 side forgot it) gets a fresh one: the
+        old one is deleted first. Leases are long revoked by then."""
         limit = self.resubscribe_after_s or max(10.0, 50 * self.cfg.period_s)
         now = self.now()
         for meid, rec in list(self.subscriptions.items()):
-            node = connected.get(meid)
-            if node is None or meid in self._resubscribing or now - self.last_kpm.get(meid, now) < limit:
+            if meid not in connected or meid in self._resubscribing or now - self.last_kpm.get(meid, now) < limit:
                 continue
             log.warning("%s: connected but silent for %.0f s; resubscribing", meid, now - self.last_kpm[meid])
-            self._resubscribing.add(meid)
-
-            async def again(node=node, rec=rec):
-                try:
-                    await self._delete_subscription(rec)
-                    await self._subscribe(node, None)
-                finally:
-                    self._resubscribing.discard(node.meid)
-                    self.last_kpm[node.meid] = self.now()
-            self._tasks.append(asyncio.ensure_future(again()))
+            self._heal(rec, f"KPM silent for {now - self.last_kpm[meid]:.0f} s", delete=True)
 
     def apply_config(self, cfg: XappConfig) -> str | None:
         """Take a new, already validated config live. Site/node layout changes need a restart (refused)."""

@@ -3,7 +3,10 @@
 `CONFIG_FILE` points at the OSC descriptor (`config-file.json`); only its `controls` section is ours and
 it must validate against `descriptors/schema.json` (draft-07), the same file `dms_cli` onboards. On top of
 the schema, `XappConfig.from_controls` checks what a schema cannot say (a node in two sites, duplicate
-site ids) and fills defaults.
+site ids; settings that would break the RAN-first rule, `xapp.invariant.policy_violations`, which owns
+those floors) and fills defaults. Every way a config enters goes through it: the file at start, a
+reload (`ConfigWatcher`: refused, logged, the old config kept) and `PUT /api/v1/config` (400 naming the
+field).
 
 `ConfigWatcher` polls the *content hash* of the file, not inotify on the path: Kubernetes updates a
 ConfigMap by swapping the `..data` symlink, which never fires IN_MODIFY on the file itself. A new file
@@ -21,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+
+from xapp.invariant import policy_violations
 
 log = logging.getLogger("weaver.xapp.config")
 
@@ -107,6 +112,7 @@ class SubmgrConfig:
     e2_retries: int = 2
     attempts: int = 5
     backoff_s: float = 0.5
+    audit_period_s: float = 10.0       # how often SubMgr's list is checked for our subscriptions (issue 13)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,7 +224,7 @@ class XappConfig:
             kpm_measurements=tuple(e2.get("kpm_measurements", E2Config.kpm_measurements)),
             kpm_version_override=dict(e2.get("kpm_version_override", {})),
             static_nodes=tuple(StaticNode(**n) for n in e2.get("static_nodes", ())))
-        return cls(
+        cfg = cls(
             period_ms=c["period_ms"], policy=PolicyConfig(**c["policy"]), sites=sites,
             lease_valid_periods=c.get("lease_valid_periods", 3), stale_periods=c.get("stale_periods", 2),
             estimate=EstimateConfig(**c.get("estimate", {})), actuation=ActuationConfig(**c.get("actuation", {})),
@@ -226,6 +232,11 @@ class XappConfig:
             broker=BrokerConfig(**c.get("broker", {})), rest=RestConfig(**c.get("rest", {})),
             sdl_namespace=c.get("sdl", {}).get("namespace", "weaver"), log_level=c.get("log_level", "INFO"),
             controls=json.loads(json.dumps(c)))
+        unsafe = policy_violations(cfg)
+        if unsafe:
+            more = f" (and {len(unsafe) - 1} more)" if len(unsafe) > 1 else ""
+            raise ConfigError(f"controls.{unsafe[0].field}: unsafe for RAN first: {unsafe[0].why}{more}")
+        return cfg
 
 
 def load_schema(path: str | os.PathLike | None = None) -> dict[str, Any]:

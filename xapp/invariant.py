@@ -33,11 +33,22 @@ still act on.
 Consequences: tightening an envelope is always safe (the old value bounds the flight); loosening waits
 until the leases that the new value would collide with are released or past their hard end; a lease
 may shrink at once and grows only on an acknowledged tighter envelope.
+
+Configurations are held to the same rule (`policy_violations`): a setting that would let a grant exceed
+what the rule allows -- no guard, no reservation, a forecast that ignores the measured peak -- is
+refused wherever a config enters (xapp.config's parse, so a REST PUT and a file reload alike, and
+`XappApp.apply_config`). And a forecast-based bound is never below the RAN peak measured this period
+(`SiteSafety.set_forecast`), so even a reservation that passes the floors cannot grant SMs the RAN is
+using now.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from xapp.config import XappConfig
 
 ENVELOPE, FORECAST = "envelope", "forecast"
 
@@ -174,6 +185,14 @@ class SiteSafety:
         held = self.agent_sms(now)
         return self.gpu_sms - self.envelope_bound() - (held + self.guard_sms if held else 0)
 
+    def set_forecast(self, policy_bound: int, measured_peak: float | None) -> None:
+        """The bound of nodes that take no envelope: the policy's forecast, but never below the peak the
+        nodes measured this period (rounded up to a partition step), since a forecast the measurement
+        already contradicts bounds nothing."""
+        floor = 0 if measured_peak is None or not math.isfinite(measured_peak) else \
+            math.ceil(max(0.0, measured_peak) / self.granularity - 1e-9) * self.granularity
+        self.forecast_sms = min(self.gpu_sms, max(int(policy_bound), floor))
+
     def grant_ceiling(self, now: float) -> int:
         room = self.gpu_sms - self.envelope_bound() - self.guard_sms
         return max(0, room // self.granularity * self.granularity)
@@ -190,3 +209,80 @@ class SiteSafety:
             return True
         held = self.agent_sms(now)
         return held == 0 or max([envelope_sms, *n.inflight.values()]) + held + self.guard_sms <= self.gpu_sms
+
+
+# ----------------------------------------------------------------------------- safe configurations
+
+# Floors (and ceilings) below which a setting breaks RAN first whatever the load. They bound what a
+# config may claim; a calibrated value is usually far inside them.
+# - weaver `guard_sms` and reactive `reactive_margin_sms` >= one partition step of every site: the RAN's
+#   demand moves between two KPM periods and a partition moves in whole steps, so a band smaller than one
+#   step cannot absorb even one step of overshoot; 0 is no band at all.
+# - static `static_reserve_sms` >= one partition step of every site: a static reservation is a forecast
+#   of the RAN's peak (architecture.md, Policy); 0 forecasts a RAN that uses no GPU. Above the floor the
+#   measured peak still bounds every grant (`SiteSafety.set_forecast`).
+# - weaver `reliability_target` <= 1e-3 of slots: one miss every 0.5 s of 0.5 ms slots is no reliability
+#   class any RAN runs at; the design's target is 1e-5.
+# - quota sizing: (`quota_dl_sms_per_prb` + `quota_ul_sms_per_prb`) x `cell_prbs` >= one partition step:
+#   below it a whole cell of best-effort PRBs would count as costing less than one step (as free), and
+#   the caps would let best-effort traffic take SMs the envelope never reserved. `cell_prbs` within
+#   [11, 275]: NR's smallest and largest carriers (TS 38.101-1/-2); a smaller value than the real cell
+#   inflates the caps.
+# - `estimate.quantile` >= 0.99: the peak predicted from PRBs is mean x this quantile of max/mean
+#   ratios; below p99 the prediction is exceeded in more than one period in a hundred.
+# - `estimate.min_samples` >= 10: the PRB cost model fits three coefficients; fewer points fit noise
+#   (with none it predicts a RAN that needs no GPU).
+# Not floored: `estimate.window_periods` (the schema's 8 periods; weaver adds a partition step while its
+# window holds fewer than 1/target slots), `hold_periods` (it only delays E's step down, never below
+# what the window wants), the hysteresis knobs (they only ever skip a loosening or keep a looser known
+# envelope the rule already counts), the lease length (the rule counts a lease to its hard end).
+MAX_RELIABILITY_TARGET = 1e-3
+MIN_CELL_PRBS, MAX_CELL_PRBS = 11, 275
+MIN_QUANTILE = 0.99
+MIN_MODEL_SAMPLES = 10
+
+
+@dataclass(frozen=True)
+class UnsafeSetting:
+    field: str                          # dotted path under `controls`, e.g. "policy.guard_sms"
+    why: str
+
+
+def policy_violations(cfg: XappConfig) -> list[UnsafeSetting]:
+    """Every setting of `cfg` that could let a grant exceed what the RAN-first rule allows (floors
+    above), in a stable order; empty when the config is safe. Only the knobs of the configured policy
+    count: a knob no policy reads cannot enlarge a grant (the shipped descriptor keeps a static reserve of
+    0 beside the weaver policy)."""
+    p, e = cfg.policy, cfg.estimate
+    step = max((s.granularity for s in cfg.sites), default=1)
+    out: list[UnsafeSetting] = []
+    if p.name == "weaver":
+        if p.guard_sms < step:
+            out.append(UnsafeSetting("policy.guard_sms", f"{p.guard_sms} SMs is below one partition step "
+                                     f"({step} SMs): the guard band must absorb a step of overshoot"))
+        if p.reliability_target > MAX_RELIABILITY_TARGET:
+            out.append(UnsafeSetting("policy.reliability_target", f"{p.reliability_target} of slots is above "
+                                     f"{MAX_RELIABILITY_TARGET}: no RAN runs at that miss rate"))
+        if cfg.actuation.mode in ("auto", "quota"):
+            per_cell = (p.quota_dl_sms_per_prb + p.quota_ul_sms_per_prb) * p.cell_prbs
+            if per_cell < step:
+                out.append(UnsafeSetting("policy.quota_dl_sms_per_prb", f"(dl + ul) x cell_prbs = {per_cell:g} SMs "
+                                         f"is below one partition step ({step}): best-effort PRBs would count "
+                                         "as free when caps are sized"))
+            if not MIN_CELL_PRBS <= p.cell_prbs <= MAX_CELL_PRBS:
+                out.append(UnsafeSetting("policy.cell_prbs", f"{p.cell_prbs} is outside NR's carriers "
+                                         f"[{MIN_CELL_PRBS}, {MAX_CELL_PRBS}] PRBs"))
+    elif p.name == "reactive" and p.reactive_margin_sms < step:
+        out.append(UnsafeSetting("policy.reactive_margin_sms", f"{p.reactive_margin_sms} SMs is below one "
+                                 f"partition step ({step} SMs)"))
+    elif p.name == "static" and p.static_reserve_sms < step:
+        out.append(UnsafeSetting("policy.static_reserve_sms", f"{p.static_reserve_sms} SMs is below one "
+                                 f"partition step ({step} SMs): a reservation is a forecast of the RAN's peak; "
+                                 "size it on a calibration trace"))
+    if e.quantile < MIN_QUANTILE:
+        out.append(UnsafeSetting("estimate.quantile", f"{e.quantile} is below {MIN_QUANTILE}: the predicted "
+                                 "peak would be exceeded more than once in a hundred periods"))
+    if e.min_samples < MIN_MODEL_SAMPLES:
+        out.append(UnsafeSetting("estimate.min_samples", f"{e.min_samples} is below {MIN_MODEL_SAMPLES}: the "
+                                 "cost model would predict demand from too few periods"))
+    return out

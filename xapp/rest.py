@@ -198,6 +198,10 @@ async def agents(request):
     return web.json_response({"agents": out, "epoch": x.epoch})
 
 
+async def subscriptions(request):
+    return web.json_response(_x(request).subscription_view())
+
+
 async def controls(request):
     return web.json_response({"controls": list(_x(request).controls_log)[-200:]})
 
@@ -244,6 +248,10 @@ async def metrics(request):
     lines += [f'weaver_rmr_dropped_total{{reason="{k}"}} {v}' for k, v in sorted(dropped.items())]
     if rs is not None:
         lines += ["# TYPE weaver_rmr_buffered_bytes gauge", f"weaver_rmr_buffered_bytes {x.rmr.buffered}"]
+    lines += ["# TYPE weaver_resubscriptions_total counter", f"weaver_resubscriptions_total {c.resubscriptions}",
+              "# TYPE weaver_subscription_active gauge"]
+    lines += [f'weaver_subscription_active{{meid="{st.meid}"}} {int(st.state == "active")}'
+              for st in x.sub_status.values()]
     lines += ["# TYPE weaver_agents_connected gauge",
               f"weaver_agents_connected {len(x.broker.sessions) if x.broker else 0}"]
     for name, by_reason in (("registrations", x.broker.refused_registrations if x.broker else {}),
@@ -311,6 +319,9 @@ def openapi_spec() -> dict:
                 {"name": "minutes", "in": "query", "schema": {"type": "number"}}])},
             "/api/v1/agents": {"get": op("connected agents")},
             "/api/v1/controls": {"get": op("RC controls log")},
+            "/api/v1/subscriptions": {"get": op("each node's KPM subscription: state (pending, active, missing, "
+                                                "resubscribing, failed), last audit against SubMgr's list, "
+                                                "re-subscription count")},
             "/api/v1/transfers": {"get": op("planned cross-site transfer windows (site, bytes, deadline, round)")},
             "/api/v1/rounds": {"get": op("cross-site round reports per site (committed, tokens, bytes, wait)")},
             "/metrics": {"get": op("Prometheus metrics")},
@@ -382,6 +393,7 @@ def build_app(x: XappApp) -> web.Application:
     r.add_get("/api/v1/sites/{site}/series", series)
     r.add_get("/api/v1/agents", agents)
     r.add_get("/api/v1/controls", controls)
+    r.add_get("/api/v1/subscriptions", subscriptions)
     app[GUARD_KEY] = ConnectionGuard(head_timeout_s=HEAD_TIMEOUT_S, max_connections=MAX_CONNECTIONS)
     app[ERRORS_KEY] = {}
     r.add_get("/api/v1/transfers", transfers)

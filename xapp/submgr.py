@@ -195,10 +195,12 @@ class SubmgrClient:
             self.book.park(resp)
         return resp
 
-    async def _request(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
+    async def _request(self, method: str, url: str, body: Any = None,
+                       attempts: int | None = None) -> tuple[int, Any]:
         delay = self.cfg.backoff_s
         last = ""
-        for attempt in range(1, self.cfg.attempts + 1):
+        attempts = self.cfg.attempts if attempts is None else attempts
+        for attempt in range(1, attempts + 1):
             try:
                 async with self.session.request(method, url, json=body,
                                                 timeout=aiohttp.ClientTimeout(total=10)) as r:
@@ -212,12 +214,12 @@ class SubmgrClient:
                     last = f"HTTP {r.status}: {text[:200]}"
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
-            if attempt < self.cfg.attempts:
+            if attempt < attempts:
                 log.warning("%s %s failed (%s); retry %d/%d in %.2fs", method, url, last, attempt,
-                            self.cfg.attempts - 1, delay)
+                            attempts - 1, delay)
                 await self.sleep(delay)
                 delay = min(delay * 2, 30.0)
-        raise SubmgrError(f"{method} {url} failed after {self.cfg.attempts} attempts: {last}")
+        raise SubmgrError(f"{method} {url} failed after {attempts} attempts: {last}")
 
     async def subscribe(self, spec: SubscriptionSpec, timeout_s: float = 10.0) -> SubscriptionOutcome:
         status, doc = await self._request("POST", f"{self.base}/subscriptions", subscription_body(spec, self.cfg))
@@ -252,8 +254,9 @@ class SubmgrClient:
             return False
         raise SubmgrError(f"unsubscribe {subscription_id}: HTTP {status}: {doc!r}"[:400])
 
-    async def list(self) -> list[dict[str, Any]]:
-        status, doc = await self._request("GET", f"{self.base}/subscriptions")
+    async def list(self, attempts: int | None = None) -> list[dict[str, Any]]:
+        """SubMgr's subscriptions. `attempts=1` for a periodic audit: the next period is the retry."""
+        status, doc = await self._request("GET", f"{self.base}/subscriptions", attempts=attempts)
         if status != 200 or not isinstance(doc, list):
             raise SubmgrError(f"list subscriptions: HTTP {status}: {doc!r}"[:400])
         return doc

@@ -11,7 +11,11 @@ Behaviour follows e2-facts §6:
   `E2TimeoutTimerValue` seconds per try and `E2RetryCount` retries. The indication route (sub_id ->
   the xApp's RMR port) is installed before the request goes out, as rtmgr would be asked to.
 - `DELETE /ric/v1/subscriptions/{id}` runs RICsubscriptionDelete for each E2 subscription and answers
-  204; `GET /ric/v1/subscriptions` lists them.
+  204; `GET /ric/v1/subscriptions` lists them. As OSC's, the DELETE asks nothing of the caller: any
+  client that knows (or lists) an id can delete another client's subscription (issue 13 tests on it).
+- State is in memory only: `forget_all()` is a restart that lost its store (OSC's SubMgr restores from
+  SDL unless its DB went too): every REST subscription and indication route is gone, and no E2 delete
+  reaches the nodes, which keep theirs.
 Every bad request gets a 4xx with a JSON body `{"error": "..."}` and changes nothing.
 """
 from __future__ import annotations
@@ -143,6 +147,21 @@ class SubscriptionManager:
         if self._by_digest.get(sub.digest) == subscription_id:
             del self._by_digest[sub.digest]
         del self._subs[subscription_id]
+
+    def forget_all(self) -> int:
+        """A restart without its store: everything forgotten, routes withdrawn; returns how many.
+        The sub_id allocator goes on (the nodes still hold the old E2 subscriptions under those ids)."""
+        n = len(self._subs)
+        for sub in self._subs.values():
+            sub.deleted = True
+            if sub.task is not None and not sub.task.done():
+                sub.task.cancel()
+            for sub_id in sub.sub_ids.values():
+                self._in_use.discard(sub_id)
+                self._routes(sub_id, None)
+        self._subs.clear()
+        self._by_digest.clear()
+        return n
 
     def list(self) -> list[dict]:
         """GET /ric/v1/subscriptions: one entry per live E2 subscription (SubscriptionData schema)."""
