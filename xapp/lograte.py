@@ -4,9 +4,9 @@ A peer that sends 10,000 stray frames must not get 10,000 log lines: the disk an
 attention are resources too. `RateLimitFilter` lets the first `burst` records per (logger, message
 template) through in each `interval_s` window, replaces the next one by a notice that lines like it are
 being suppressed, drops the rest, and puts the count of what it dropped on the first record of the next
-window. The key is the template (`record.msg`), not the formatted text, so lines that differ only in
-a node name or an mtype share one budget. The number of keys is bounded too: a logger that formats
-its own messages would otherwise grow the table without end.
+window: at most burst + 1 lines per key and window. The key is the template (`record.msg`), not the
+formatted text, so lines that differ only in a node name or an mtype share one budget. The number of
+keys is bounded too: a logger that formats its own messages would otherwise grow the table without end.
 """
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ class RateLimitFilter(logging.Filter):
         self._windows: dict[tuple[str, str], _Window] = {}
         self.suppressed_total = 0
 
+    def reset(self) -> None:
+        self._windows.clear()
+
     def _key(self, record: logging.LogRecord, now: float) -> tuple[str, str]:
         key = (record.name, record.msg if isinstance(record.msg, str) else type(record.msg).__name__)
         if key in self._windows or len(self._windows) < self.max_keys:
@@ -56,12 +59,12 @@ class RateLimitFilter(logging.Filter):
             if carried:
                 _rewrite(record, f"{record.getMessage()} [{carried} similar lines suppressed before this one]")
             return True
-        w.suppressed += 1
-        self.suppressed_total += 1
         if w.passed == self.burst + 1:      # say once that the flood is being cut, and for how long
             _rewrite(record, f"{record.getMessage()} [more lines like this suppressed for "
                              f"{w.end - now:.0f} s; the count follows]")
             return True
+        w.suppressed += 1
+        self.suppressed_total += 1
         return False
 
 
@@ -79,6 +82,7 @@ def install(burst: int = 10, interval_s: float = 60.0) -> RateLimitFilter:
     global _installed
     if _installed is None:
         _installed = RateLimitFilter(burst=burst, interval_s=interval_s)
+    _installed.reset()      # a new xApp in this process (tests) starts with full budgets
     names = {"weaver.xapp", "xapp.rmr", "aiohttp.server", "aiohttp.web", "aiohttp.access"}
     names |= {n for n in logging.root.manager.loggerDict if n.startswith(PREFIXES)}
     for name in sorted(names):
