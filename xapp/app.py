@@ -42,7 +42,8 @@ from xapp.actuate import NodeControl, node_control, parse_control_reply
 from xapp.agents import AgentBook
 from xapp.broker import LeaseBroker
 from xapp.config import ConfigWatcher, XappConfig
-from xapp.ingest import Ingest, IngestError, KpmSample, KpmSubscription, meas_key
+from xapp.ingest import Ingest, IngestError, KpmRefusal, KpmSample, KpmSubscription, KpmValueError, meas_key
+from xapp.invariant import policy_violations
 from xapp.loop import (
     ControlOutcome,
     GrantLease,
@@ -166,6 +167,7 @@ class XappApp:
         self.site_counters: dict[str, SiteCounters] = {}
         self.controls_log: deque = deque(maxlen=1000)
         self.ingest = Ingest()
+        self.ingest.set_limits(cfg.sites)        # physical bounds of KPM values per node (xapp.ingest)
         self.store: XappStore | None = None
         self.rmr = None
         self.broker: LeaseBroker | None = None
@@ -178,7 +180,7 @@ class XappApp:
         self.subscriptions: dict[str, SubscriptionRecord] = {}      # meid -> live subscription
         self.subscribe_errors: dict[str, str] = {}
         self.state = new_state(cfg, clock())
-        self.samples: list[KpmSample] = []
+        self.samples: list[KpmSample | KpmRefusal] = []
         self.results: list[ControlOutcome] = []
         self.releases: list[LeaseRelease] = []
         self.lost_nodes: set[str] = set()
@@ -716,7 +718,10 @@ class XappApp:
                     self.site_tally(site.site_id).kpm_indications += 1
                 return          # samples wait for the period tick; only control replies wake the loop
             except IngestError as exc:
-                self._bad_frame(source)
+                if isinstance(exc, KpmValueError):
+                    self.samples.append(exc.refusal)   # the loop: this node is not fresh until a valid frame
+                if exc.kind != "unknown-node" and msg.sub_id in self.ingest.subs:   # it cost a decode
+                    self._bad_frame(source)
                 key = (exc.kind, msg.meid)
                 if key not in self._drops and len(self._drops) >= 1024:     # meids are the peer's choice
                     self._drops.clear()
@@ -934,8 +939,14 @@ class XappApp:
             why = "sites, nodes, period, RMR or broker address changed: restart the xApp to apply"
             log.error("config not applied: %s", why)
             return why
+        unsafe = policy_violations(cfg)     # from_controls refuses these; a config built in code may not
+        if unsafe:
+            why = "; ".join(f"controls.{u.field}: {u.why}" for u in unsafe)
+            log.error("config not applied: unsafe for RAN first: %s", why)
+            return why
         self.cfg = cfg
         self.state.cfg = cfg
+        self.ingest.set_limits(cfg.sites)
         for rt in self.state.sites.values():
             rt.cfg = cfg.site(rt.cfg.site_id)
             refresh_policy(self.state, rt)       # the policy, and the guard and node roles of the invariant
