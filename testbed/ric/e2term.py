@@ -13,6 +13,13 @@ node connects, an xApp appears, or submgr adds or removes a subscription route, 
 Bad input never stops it: an undecodable control from an xApp is answered with an E2AP
 ErrorIndication (10030), a control for an unknown node with a RICcontrolFailure (12042); anything
 else undecodable is counted and dropped.
+
+No peer can stall it (issue 13): the receive loop never awaits a send. Every send is queued per peer
+(`PeerOutbox`), so a `src` naming an address that never accepts delays only what goes to that
+address, for the endpoint's connect timeout. A node's identity is held by the connection that set
+it up: a second E2 setup for a connected node's global gNB ID from another address is refused with
+an E2setupFailure while the first is alive (its link is up, or it answers a health check); once it
+is gone, the new setup is a restart and is accepted.
 """
 from __future__ import annotations
 
@@ -22,13 +29,15 @@ from dataclasses import dataclass, field
 
 from e2sm import e2ap
 from e2sm.errors import E2DecodeError
-from xapp.rmr import RmrError, RmrMessage, RmrSendError
+from xapp.rmr import RmrError, RmrMessage, RmrSendError, RmrState
 
+from .outbox import PeerOutbox
 from .rnib import NodeRecord, RanFunctionRecord, RnibWriter
 from .routes import (
     RIC_CONTROL_ACK,
     RIC_CONTROL_FAILURE,
     RIC_CONTROL_REQ,
+    RIC_E2_SETUP_FAILURE,
     RIC_E2_SETUP_REQ,
     RIC_E2_SETUP_RESP,
     RIC_ERROR_INDICATION,
@@ -50,6 +59,8 @@ RIC_HEALTH_CHECK_REQ, RIC_HEALTH_CHECK_RESP = 100, 101
 
 KPM_OID_PREFIXES = ("1.3.6.1.4.1.53148.1.2.2", "1.3.6.1.4.1.53148.1.3.2")
 RC_OID = "1.3.6.1.4.1.53148.1.1.2.3"
+MAX_XAPPS = 32   # xApps are learnt from the src of controls: any sender can name one
+IDENTITY_IN_USE = e2ap.Cause("protocol", "message-not-compatible-with-receiver-state")
 
 
 def ran_name(node_id: e2ap.GlobalE2NodeId) -> str:
@@ -69,7 +80,9 @@ class E2TermStats:
     error_indications_sent: int = 0
     control_failures_sent: int = 0
     setups: int = 0
+    setups_refused: int = 0      # a connected node's identity claimed from another address
     nodes_lost: int = 0
+    xapps_refused: int = 0       # control senders beyond MAX_XAPPS, not routed to
 
 
 class E2Termination:
@@ -91,6 +104,8 @@ class E2Termination:
         self._keepalive_task: asyncio.Task | None = None
         self._last_seen: dict[str, float] = {}
         self._addr_index: dict[str, str] | None = None
+        self.outbox = PeerOutbox()
+        self._claims: dict[str, asyncio.Task] = {}   # identity -> the check of its holder's liveness
         self._reload()
 
     # -- routing -----------------------------------------------------------------------------------
@@ -125,6 +140,9 @@ class E2Termination:
         """Route ACK/FAILURE/error indications to `endpoint` too (a src that no table can name is ignored)."""
         if not endpoint or endpoint in self._xapps:
             return
+        if len(self._xapps) >= MAX_XAPPS:
+            self.stats.xapps_refused += 1
+            return
         self._xapps[endpoint] = None
         try:
             self._reload()
@@ -148,10 +166,11 @@ class E2Termination:
         return self._task
 
     async def stop(self) -> None:
-        for task in (self._task, self._keepalive_task):
+        for task in (self._task, self._keepalive_task, *self._claims.values()):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        await self.outbox.close()
         for node in self.nodes.values():
             self.rnib.node_disconnected(node)
 
@@ -159,7 +178,10 @@ class E2Termination:
         if meid is not None:
             self._last_seen[meid] = asyncio.get_running_loop().time()
 
-    def node_lost(self, meid: str, why: str) -> None:
+    def node_lost(self, meid: str, why: str, addr: str | None = None) -> None:
+        """`addr`: only if the node is still the one at that address (not set up again since)."""
+        if addr is not None and self._node_addr.get(meid) != addr:
+            return
         node = self.nodes.pop(meid, None)
         if node is None:
             return
@@ -179,10 +201,11 @@ class E2Termination:
                 if now - self._last_seen.get(meid, now) > misses * interval_s:
                     self.node_lost(meid, f"silent for {misses} keepalive intervals")
                     continue
-                try:
-                    await self.ep.wormhole_send(addr, RmrMessage(RIC_HEALTH_CHECK_REQ, b"", meid=meid))
-                except RmrSendError as exc:
-                    self.node_lost(meid, f"unreachable: {exc}")
+                if self.outbox.busy(addr):  # the last probe or other traffic is still on its way
+                    continue
+                probe = RmrMessage(RIC_HEALTH_CHECK_REQ, b"", meid=meid)
+                self.outbox.post(addr, lambda a=addr, p=probe: self.ep.wormhole_send(a, p),
+                                 lambda exc, m=meid, a=addr: self.node_lost(m, f"unreachable: {exc}", a))
 
     async def _serve(self) -> None:
         while True:
@@ -217,14 +240,27 @@ class E2Termination:
             self.stats.dropped_unroutable += 1
 
     async def _forward(self, msg: RmrMessage) -> bool:
+        """Send by the route table, one copy per group, each queued for its endpoint (never awaited here)."""
         try:
-            await self.ep.send(msg)
+            targets = list(self.ep.router.targets(msg.mtype, msg.sub_id, msg.meid))
         except RmrSendError as exc:
-            self.stats.dropped_unroutable += 1
-            log.debug("e2term: mtype %d sub_id %d meid %s not delivered: %s", msg.mtype, msg.sub_id, msg.meid, exc)
+            self._undelivered(msg, exc)
             return False
-        self.stats.forwarded[msg.mtype] = self.stats.forwarded.get(msg.mtype, 0) + 1
+        if msg.call or msg.call_id:  # a routed send is never a call (as RmrEndpoint.send)
+            msg = msg.replace(call=False, call_id=0)
+        for target in targets:
+            if not self.outbox.post(target, lambda t=target: self._send_to(t, msg),
+                                    lambda exc: self._undelivered(msg, exc)):
+                self._undelivered(msg, RmrSendError(RmrState.RETRY, f"outbox for {target} full"))
         return True
+
+    async def _send_to(self, target: str, msg: RmrMessage) -> None:
+        await self.ep.wormhole_send(target, msg)
+        self.stats.forwarded[msg.mtype] = self.stats.forwarded.get(msg.mtype, 0) + 1
+
+    def _undelivered(self, msg: RmrMessage, exc: Exception) -> None:
+        self.stats.dropped_unroutable += 1
+        log.debug("e2term: mtype %d sub_id %d meid %s not delivered: %s", msg.mtype, msg.sub_id, msg.meid, exc)
 
     def _node_of(self, msg: RmrMessage) -> str | None:
         meid = msg.meid
@@ -300,10 +336,13 @@ class E2Termination:
         await self._reply(msg, RIC_ERROR_INDICATION, e2ap.encode_e2ap(ind))
 
     async def _reply(self, msg: RmrMessage, mtype: int, payload: bytes) -> None:
-        try:
-            await self.ep.rts(msg, mtype=mtype, payload=payload)
-        except RmrSendError as exc:
+        """Return to sender, queued for the sender's address (never awaited here)."""
+        def lost(exc: Exception) -> None:
             log.info("e2term: reply to %s lost: %s", msg.src, exc)
+
+        if not self.outbox.post(msg.src or msg.srcip or "", lambda: self.ep.rts(msg, mtype=mtype, payload=payload),
+                                lost):
+            lost(RmrSendError(RmrState.RETRY, "outbox full"))
 
     async def _setup(self, msg: RmrMessage) -> None:
         try:
@@ -316,6 +355,38 @@ class E2Termination:
             self.stats.dropped_undecodable += 1
             return
         name = ran_name(req.node_id)
+        held_by = self._node_addr.get(name)
+        if held_by is not None and held_by != msg.src:  # the identity is held by another address
+            if self.ep.connected(held_by) or self.outbox.busy(held_by):
+                await self._refuse_setup(msg, req, name, held_by)
+            elif name not in self._claims:  # is the holder still there? ask it, off the loop
+                self._claims[name] = asyncio.ensure_future(self._settle_claim(msg, req, name, held_by))
+            return
+        await self._accept_setup(msg, req, name)
+
+    async def _settle_claim(self, msg: RmrMessage, req: e2ap.E2SetupRequest, name: str, held_by: str) -> None:
+        """A setup for an identity whose holder has no open link: a restart if the holder is gone."""
+        try:
+            try:
+                await self.ep.wormhole_send(held_by, RmrMessage(RIC_HEALTH_CHECK_REQ, b"", meid=name))
+            except RmrSendError as exc:
+                self.node_lost(name, f"unreachable when {msg.src} set up as it: {exc}", held_by)
+            if self._node_addr.get(name, msg.src) == msg.src:
+                await self._accept_setup(msg, req, name)
+            else:
+                await self._refuse_setup(msg, req, name, self._node_addr[name])
+        except Exception:
+            log.exception("e2term: E2 setup from %s failed", msg.src)
+        finally:
+            self._claims.pop(name, None)
+
+    async def _refuse_setup(self, msg: RmrMessage, req: e2ap.E2SetupRequest, name: str, held_by: str) -> None:
+        self.stats.setups_refused += 1
+        log.warning("e2term: E2 setup from %s refused: %s is connected at %s", msg.src, name, held_by)
+        failure = e2ap.E2SetupFailure(req.transaction_id, IDENTITY_IN_USE, time_to_wait="v1s")
+        await self._reply(msg, RIC_E2_SETUP_FAILURE, e2ap.encode_e2ap(failure))
+
+    async def _accept_setup(self, msg: RmrMessage, req: e2ap.E2SetupRequest, name: str) -> None:
         accepted = tuple((f.ran_function_id, f.revision) for f in req.ran_functions if supported_oid(f.oid))
         rejected = tuple((f.ran_function_id, e2ap.Cause("ricService", "ran-function-not-supported"))
                          for f in req.ran_functions if not supported_oid(f.oid))
