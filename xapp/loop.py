@@ -593,7 +593,7 @@ def _decide(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs, actio
     # The grant is what the invariant allows now: nodes that take no envelope are bounded by the
     # forecast the policy sized; enforcing nodes by what they may be applying (acknowledged, or the
     # looser side of a control in flight), so a grant grows only on an acknowledged tighter envelope.
-    rt.safety.forecast_sms = envelope
+    rt.safety.set_forecast(envelope, est.peak)       # never below the peak measured this period
     grant = min(wanted, rt.safety.grant_ceiling(now))
     if "quota" in {nc.mode for nc in rt.nodes.values()} and site.site_id in state.busy_sites:
         grant = min(grant, rt.grant_sms)      # quota-mode grants do not grow while new caps are in flight

@@ -232,6 +232,9 @@ async def metrics(request):
     lines = ["# TYPE weaver_indications_total counter", f"weaver_indications_total {c.indications}",
              "# TYPE weaver_ingest_errors_total counter"]
     lines += [f'weaver_ingest_errors_total{{kind="{k}"}} {v}' for k, v in sorted(x.ingest.errors.items())]
+    # KPM frames refused for impossible values, per node (our subscription's, never the frame's claim)
+    lines.append("# TYPE weaver_kpm_refused_total counter")
+    lines += [f'weaver_kpm_refused_total{{node="{m}",reason="{r}"}} {v}' for (m, r), v in sorted(x.ingest.refused.items())]
     lines += ["# TYPE weaver_controls_total counter",
               f'weaver_controls_total{{result="sent"}} {c.controls_sent}',
               f'weaver_controls_total{{result="ack"}} {c.controls_acked}',

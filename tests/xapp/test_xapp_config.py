@@ -28,7 +28,8 @@ def test_descriptor_controls_load_with_every_section():
 
 
 def test_minimal_controls_get_defaults():
-    cfg = XappConfig.from_controls({"period_ms": 50, "policy": {"name": "static"},
+    # a static policy needs its reservation (0 is refused as unsafe: xapp.invariant.policy_violations)
+    cfg = XappConfig.from_controls({"period_ms": 50, "policy": {"name": "static", "static_reserve_sms": 64},
                                     "sites": [{"site_id": "s1", "nodes": ["n1"]}]})
     assert cfg.lease_valid_periods == 3 and cfg.stale_periods == 2
     assert cfg.sites[0].gpu_sms == 132 and cfg.sites[0].granularity == 8
