@@ -21,7 +21,7 @@ from aiohttp import web
 
 from xapp import lograte
 from xapp.config import ConfigError, XappConfig
-from xapp.restguard import MAX_DEPTH, ConnectionGuard, parse_json
+from xapp.restguard import MAX_DEPTH, ConnectionGuard, JsonErrorHandler, parse_json
 from xapp.submgr import SubmgrError
 
 if TYPE_CHECKING:
@@ -397,8 +397,6 @@ def build_app(x: XappApp) -> web.Application:
     r.add_get("/api/v1/agents", agents)
     r.add_get("/api/v1/controls", controls)
     r.add_get("/api/v1/subscriptions", subscriptions)
-    app[GUARD_KEY] = ConnectionGuard(head_timeout_s=HEAD_TIMEOUT_S, max_connections=MAX_CONNECTIONS)
-    app[ERRORS_KEY] = {}
     r.add_get("/api/v1/transfers", transfers)
     r.add_get("/api/v1/rounds", rounds)
     r.add_get("/metrics", metrics)
@@ -419,9 +417,11 @@ class _GuardedSite(web.TCPSite):
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
-        self.guard.factory = self._runner.server
-        self._server = await asyncio.get_running_loop().create_server(self.guard, self._host, self._port,
-                                                                      backlog=self._backlog)
+        server, loop = self._runner.server, asyncio.get_running_loop()
+        # what web.Server() makes, with the kwargs start_rest gives the runner, errors in JSON
+        self.guard.factory = lambda: JsonErrorHandler(server, loop=loop, keepalive_timeout=KEEPALIVE_S,
+                                                      access_log=None)
+        self._server = await loop.create_server(self.guard, self._host, self._port, backlog=self._backlog)
         self._bound_port = self._server.sockets[0].getsockname()[1]
 
 

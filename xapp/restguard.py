@@ -21,6 +21,8 @@ import json
 import re
 from collections.abc import Callable
 
+from aiohttp import web
+
 MAX_DEPTH = 32
 _SPECIAL = re.compile(r'["\\\[\]{}]')
 
@@ -77,6 +79,19 @@ def parse_json(raw: bytes, max_depth: int = MAX_DEPTH) -> object:
         return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     except ValueError as exc:        # JSONDecodeError, our refusals, ints past the digit limit
         raise ValueError(f"body is not JSON: {exc}") from None
+
+
+class JsonErrorHandler(web.RequestHandler):
+    """aiohttp's per-connection protocol, with the errors it answers itself (a request line or header it
+    cannot parse, a line past 8190 bytes: no middleware sees those) in JSON like every other error."""
+
+    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        resp = super().handle_error(request, status, exc, message)     # its logging and its checks
+        why = f"malformed HTTP request: {(message or resp.reason)[:200]}" if resp.status < 500 else "internal error"
+        out = web.json_response({"error": why}, status=resp.status)
+        out.force_close()
+        return out
 
 
 _408 = b'{"error": "request head not received in time"}'

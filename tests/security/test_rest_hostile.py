@@ -217,3 +217,31 @@ async def _bound():
             w.close()
     finally:
         await runner.cleanup()
+
+
+def test_malformed_http_is_json_and_its_log_is_bounded(caplog):
+    caplog.set_level("INFO")
+    asyncio.run(_malformed(caplog))
+
+
+async def _malformed(caplog):
+    from xapp import lograte
+    from xapp.rest import start_rest
+    lograte.install()                   # as XappApp.start does
+    runner, port = await start_rest(None, 0, host="127.0.0.1")
+    try:
+        bad = [b"GET / HTTP/1.1\r\nBad Header\r\n\r\n", b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n",
+               b"GET / HTTP/1.1\r\nX: " + b"b" * 20_000 + b"\r\n\r\n", b"GET / HTTP/9.9\r\n\r\n",
+               b"GET / HTTP/1.1\r\nContent-Length: -5\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n"]
+        for i in range(300):
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(bad[i % len(bad)])
+            got = await asyncio.wait_for(r.read(), 5)
+            w.close()
+            head, _, body = got.partition(b"\r\n\r\n")
+            assert head.split(b" ")[1].startswith(b"4") and b"application/json" in head, (i, got[:300])
+            assert json.loads(body)["error"], got[:300]
+        lines = [rec for rec in caplog.records if rec.name.startswith("aiohttp")]
+        assert len(lines) <= 2 * 11, len(lines)     # two templates (debug-level ones are not captured)
+    finally:
+        await runner.cleanup()
