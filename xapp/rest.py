@@ -31,7 +31,10 @@ STATIC = Path(__file__).resolve().parent / "static"
 MAX_BODY = 256 * 1024
 BODY_TIMEOUT_S = 10.0       # a body trickled slower than this is a 408, not a handler held forever
 HEAD_TIMEOUT_S = 5.0        # the first request head on a connection (restguard.ConnectionGuard)
-KEEPALIVE_S = 10.0          # later heads: aiohttp closes a kept-alive connection idle this long
+# Later heads: aiohttp closes a kept-alive connection idle this long. Above aiohttp's client pool
+# timeout (15 s), so a polling client drops an idle connection before we do and never reuses one we
+# are just closing.
+KEEPALIVE_S = 20.0
 MAX_CONNECTIONS = 256
 APP_KEY = web.AppKey("xapp", object)
 GUARD_KEY = web.AppKey("guard", ConnectionGuard)
@@ -411,28 +414,29 @@ class _GuardedSite(web.TCPSite):
     """TCPSite with the connection guard between the socket and aiohttp (TCPSite.start, but the factory
     handed to create_server is the guard; aiohttp offers no hook for it)."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int, guard: ConnectionGuard):
+    def __init__(self, runner: web.AppRunner, host: str, port: int, guard: ConnectionGuard, keepalive_s: float):
         super().__init__(runner, host, port)
-        self.guard = guard
+        self.guard, self.keepalive_s = guard, keepalive_s
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
         server, loop = self._runner.server, asyncio.get_running_loop()
         # what web.Server() makes, with the kwargs start_rest gives the runner, errors in JSON
-        self.guard.factory = lambda: JsonErrorHandler(server, loop=loop, keepalive_timeout=KEEPALIVE_S,
+        self.guard.factory = lambda: JsonErrorHandler(server, loop=loop, keepalive_timeout=self.keepalive_s,
                                                       access_log=None)
         self._server = await loop.create_server(self.guard, self._host, self._port, backlog=self._backlog)
         self._bound_port = self._server.sockets[0].getsockname()[1]
 
 
 async def start_rest(x: XappApp, port: int, host: str = "0.0.0.0", *, head_timeout_s: float | None = None,
-                     max_connections: int | None = None) -> tuple[web.AppRunner, int]:
+                     max_connections: int | None = None, keepalive_s: float = KEEPALIVE_S
+                     ) -> tuple[web.AppRunner, int]:
     app = build_app(x)
     guard = app[GUARD_KEY]
     guard.head_timeout_s = head_timeout_s or guard.head_timeout_s
     guard.max_connections = max_connections or guard.max_connections
-    runner = web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S)
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=keepalive_s)
     await runner.setup()
-    site = _GuardedSite(runner, host, port, guard)
+    site = _GuardedSite(runner, host, port, guard, keepalive_s)
     await site.start()
     return runner, site.port
