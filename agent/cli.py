@@ -202,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--broker", help="lease broker host:port")
     run.add_argument("--site-id")
     run.add_argument("--agent-id")
-    run.add_argument("--token", default=os.environ.get("WEAVER_AGENT_TOKEN"))
+    run.add_argument("--token", default=os.environ.get("WEAVER_AGENT_TOKEN"),
+                     help="this site's broker credential (`weaver-xapp site-token SITE`); prefer the env var "
+                          "WEAVER_AGENT_TOKEN, since every process's argv is visible in ps")
     run.add_argument("--mode", choices=["cpu", "cpu_preferred", "gpu_preferred", "gpu"])
     run.add_argument("--device", choices=["auto", "cpu", "cuda"])
     run.add_argument("--cores", type=int)
