@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import os
 from pathlib import Path
 
 import aiohttp
@@ -268,3 +269,25 @@ def test_running_xapp_counts_refusals_and_shows_no_secret(no_dbaas, caplog):
         assert status == 200, path
         assert SECRET not in text and cred not in text, path
     assert SECRET not in caplog.text and cred not in caplog.text
+
+
+def test_site_token_prints_a_sites_credential_from_the_secret_in_the_environment(monkeypatch):
+    import subprocess
+    import sys
+
+    cfg = str(ROOT / "descriptors" / "config-file.json")
+    site = json.loads((ROOT / "descriptors" / "config-file.json").read_text())["controls"]["sites"][0]["site_id"]
+
+    def run_cli(*args, secret=SECRET):
+        env = {k: v for k, v in os.environ.items() if k != "WEAVER_BROKER_SECRET"}
+        if secret:
+            env["WEAVER_BROKER_SECRET"] = secret
+        return subprocess.run([sys.executable, "-m", "xapp", "site-token", *args], capture_output=True, text=True,
+                              cwd=ROOT, env=env, timeout=60)
+
+    ok = run_cli(site, "--config", cfg)
+    assert ok.returncode == 0 and ok.stdout.strip() == site_credential(SECRET, site)
+    unknown = run_cli("no-such-site", "--config", cfg)
+    assert unknown.returncode == 2 and "unknown site" in unknown.stderr
+    missing = run_cli(site, "--config", cfg, secret="")
+    assert missing.returncode == 2 and "WEAVER_BROKER_SECRET" in missing.stderr
