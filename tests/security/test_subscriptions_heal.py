@@ -40,12 +40,20 @@ def _config(tb: SimBed, tmp: Path, rmr_port: int, discovery: str) -> Path:
 
 
 class ReadinessTrace:
-    """Samples `subscriptions` readiness every 10 ms, so a short false stretch is not missed."""
+    """Samples `subscriptions` readiness every 10 ms, and once more the moment the xApp drops a
+    subscription it has found lost: a heal can take less than 10 ms on one host, and a sampler alone
+    would miss the false stretch."""
 
     def __init__(self, x: XappApp) -> None:
         self.x = x
         self.samples: list[tuple[float, bool]] = []
         self.task = asyncio.ensure_future(self._run())
+        forget = x._forget
+
+        def spy(rec):
+            forget(rec)
+            self.samples.append((time.monotonic(), x.readiness()["subscriptions"]))
+        x._forget = spy
 
     async def _run(self) -> None:
         while True:
