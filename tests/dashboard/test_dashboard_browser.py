@@ -94,6 +94,9 @@ async def _scenario(tmp: Path, redis: dict) -> None:
         ctl = await browser.evaluate("[...document.querySelectorAll('[data-testid=control-row]')]"
                                      ".map(r => r.dataset.outcome)")
         assert "ack" in ctl, ctl                                          # RC controls the nodes ACKed
+        subs = await browser.evaluate("[...document.querySelectorAll('[data-testid=subscription-row]')]"
+                                      ".map(r => [r.dataset.site, r.dataset.state])")
+        assert sorted(subs) == [[s, "active"] for s in sites], subs       # each node's KPM subscription
         await browser.screenshot(tmp / "dashboard-live.png")
 
         # take site-1 off the air: its card turns "lost", site-0 keeps updating

@@ -362,6 +362,24 @@
     $("transfers").tBodies[0].replaceChildren(...(rows.length ? rows : [el("tr", { class: "empty" }, el("td", { colSpan: 5 }, "no transfer planned"))]));
   }
 
+  function renderSubscriptions(doc) {
+    // One row per wanted node: active / pending / missing / resubscribing / failed (xapp.subaudit).
+    const now = nowS();
+    const since = (t) => (isNum(t) ? `${ago(now - t)} ago` : "-");
+    const rows = (Array.isArray(doc.subscriptions) ? doc.subscriptions : []).filter((x) => x && typeof x.meid === "string")
+      .map((x) => {
+        const st = typeof x.state === "string" ? x.state : "?";
+        const checked = x.check_error ? `failed: ${x.check_error}` : since(x.last_checked_unix);
+        return el("tr", { class: st === "active" ? "" : "lost", "data-testid": "subscription-row", "data-site": x.site_id || "",
+          "data-meid": x.meid, "data-state": st },
+          el("td", {}, x.site_id || "-"), el("td", {}, x.meid), el("td", { class: `sub-${st}` }, st),
+          el("td", {}, since(x.since_unix)), el("td", {}, `${x.subscription_id || "-"} / ${fmt(x.sub_id)}`),
+          el("td", {}, checked), el("td", {}, fmt(x.resubscriptions)),
+          el("td", {}, isNum(x.kpm_age_s) ? ago(x.kpm_age_s) : "-"), el("td", {}, x.last_error || "-"));
+      });
+    $("subscriptions").tBodies[0].replaceChildren(...(rows.length ? rows : [el("tr", { class: "empty" }, el("td", { colSpan: 9 }, "no subscription reported yet"))]));
+  }
+
   function controlDetail(c) {
     const parts = [];
     if (isNum(c.envelope_sms)) parts.push(c.kind === "quota" ? `caps sized for E=${c.envelope_sms} SMs` : `envelope ${c.envelope_sms} SMs`);
@@ -455,8 +473,9 @@
       S.sites.get(v.site_id).update(v);
     }
     for (const t of S.sites.values()) if (!seen.has(t.id)) t.reported = false;
-    const [agents, controls, transfers] = await Promise.allSettled([
+    const [agents, controls, transfers, subs] = await Promise.allSettled([
       getJson("/api/v1/agents"), getJson("/api/v1/controls"), getJson("/api/v1/transfers"),
+      getJson("/api/v1/subscriptions"),
       ...[...S.sites.values()].filter((t) => t.reported).map((t) => fetchSeries(t).catch(() => null)),
     ]);
     if (agents.status === "fulfilled" && agents.value) {
@@ -467,6 +486,7 @@
     let ctl = [];
     if (controls.status === "fulfilled" && controls.value) ctl = renderControls(Array.isArray(controls.value.controls) ? controls.value.controls : []);
     if (transfers.status === "fulfilled" && transfers.value) renderTransfers(Array.isArray(transfers.value.transfers) ? transfers.value.transfers : []);
+    if (subs.status === "fulfilled" && subs.value) renderSubscriptions(subs.value);
     renderSummary(ctl);
     setConnection(true);
     document.body.dataset.polls = String(Number(document.body.dataset.polls || 0) + 1);
