@@ -182,3 +182,25 @@ async def _submgr_restart(tmp: Path) -> None:
 @pytest.mark.timeout(90)
 def test_subscriptions_lost_by_a_submgr_restart_are_remade(tmp_path, redis_env):
     asyncio.run(_submgr_restart(tmp_path))
+
+
+def test_audit_matches_both_list_shapes_and_ignores_garbage():
+    """OSC's SubMgr lists the E2 instance id as SubscriptionId (with Meid); the mini-RIC adds the REST id.
+    A hostile or broken list entry (not an object, wrong types) matches nothing and raises nothing."""
+    from xapp.state import SubscriptionRecord
+    from xapp.subaudit import SubscriptionStatus, missing
+
+    def rec(meid, rest, e2):
+        return SubscriptionRecord(subscription_id=rest, meid=meid, ran_function_id=2, xapp_event_instance_id=1,
+                                  e2_event_instance_id=e2, kpm_version="V3_00", period_ms=100, created_unix=0.0)
+    a, b, c = rec("gnb-a", "r-a", 7), rec("gnb-b", "r-b", 8), rec("gnb-c", "r-c", 9)
+    live = [{"SubscriptionId": 7, "Meid": "gnb-a"}, {"SubscriptionId": 1, "RestSubscriptionId": "r-b"},
+            {"SubscriptionId": 9, "Meid": "gnb-x"}, "junk", None, [], {"SubscriptionId": {"nested": 1}}]
+    assert missing([a, b, c], live) == [c]
+    assert missing([a], []) == [a] and missing([], live) == []
+    st = SubscriptionStatus(meid="gnb-a", since_unix=1.0)
+    st.enter("missing", 2.0, "gone")
+    st.enter("missing", 3.0)                      # same state: `since` stays where it entered
+    assert (st.state, st.since_unix, st.last_error) == ("missing", 2.0, "gone")
+    with pytest.raises(ValueError):
+        st.enter("hijacked", 4.0)
