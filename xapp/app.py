@@ -3,7 +3,9 @@ broker and the REST API. This is the I/O shell; every decision is made by `xapp.
 
 Start: config -> SDL snapshot (+1 broker epoch) -> RMR endpoint -> REST (health, notifications) ->
 broker -> node discovery and subscriptions (reusing the SubscriptionIds SDL remembers, so a restart
-neither duplicates nor leaks them) -> the loop task. Stop (SIGTERM/SIGINT): revoke every lease first,
+neither duplicates nor leaks them) -> the loop task. SubMgr's list is audited on a period and when a
+node's KPM goes silent: a subscription it lost (deleted by any client, or a SubMgr restart) is made again,
+and readiness is false until it is (`xapp.subaudit`). Stop (SIGTERM/SIGINT): revoke every lease first,
 then delete the subscriptions (unless told to keep them), then close. Nothing here sleeps on a fixed
 schedule: the loop task waits for the next RMR message or `next_deadline`, whichever comes first.
 """

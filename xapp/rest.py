@@ -3,7 +3,7 @@
 Health: `/ric/v1/health/alive`, `/ric/v1/health/ready` (503 with the failing parts until RMR, SDL and
 every subscription are up). SubMgr notifications: `POST /ric/v1/subscriptions/response`. Operator API
 under `/api/v1` (config GET / PUT behind `Authorization: Bearer <token>`; sites; time series; agents;
-controls; cross-site transfer windows), Prometheus text at `/metrics`, the OpenAPI document at
+controls; KPM subscriptions and their audit; cross-site transfer windows), Prometheus text at `/metrics`, the OpenAPI document at
 `/openapi.json`, and the dashboard's static files from `xapp/static/` under `/static/` (`/` redirects).
 Every error is JSON `{"error": ...}` with a 4xx status; a refused request changes nothing.
 """
