@@ -143,35 +143,51 @@ def fold(records: tuple[tuple, ...], keys: tuple[str, ...]) -> dict[str, float]:
     return out
 
 
+PLAIN, PERCENT, PRB, SM, MISS = range(5)
+
+
+@functools.lru_cache(maxsize=1024)
+def _bounds(keys: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """Per key its kind of bound, and the (used, available) index pairs of PRB counters; built once per
+    measInfoList like the keys themselves (this runs on every indication)."""
+    names = [k.split("@")[0] for k in keys]
+    kinds = tuple(PERCENT if n in _PERCENT else PRB if n.startswith("RRU.Prb") else SM if n.startswith(_SM_PREFIX)
+                  else MISS if n == "GPU.DeadlineMiss" else PLAIN for n in names)
+    pairs = tuple((i, names.index(avail)) for i, n in enumerate(names)
+                  if (avail := _PRB_AVAIL.get(n)) is not None and avail in names)
+    return kinds, pairs
+
+
 def check_values(records: tuple[tuple, ...], keys: tuple[str, ...], limits: NodeLimits | None,
                  granul_period_ms: int | None) -> tuple[str, str] | None:
     """(reason, detail) of the first impossible value of a format-1 message, None when all are possible.
     Raw record values are checked, not folded ones: max() would hide a NaN and a mean could hide one
     record's negative value."""
+    kinds, pairs = _bounds(keys)
+    gpu = limits.gpu_sms if limits is not None else math.inf
+    misses = MAX_SLOTS_PER_MS * granul_period_ms if granul_period_ms else math.inf
     for r in records:
-        for key, v in zip(keys, r, strict=False):
+        for key, kind, v in zip(keys, kinds, r, strict=False):
             if v is None:
                 continue
-            v = float(v)
             if not math.isfinite(v):
                 return "non-finite", f"{key} = {v}"
             if v < 0:
                 return "negative", f"{key} = {v}"
-            name = key.split("@")[0]
-            if name in _PERCENT and v > 100:
+            if kind == PLAIN:
+                continue
+            if kind == PERCENT and v > 100:
                 return "percent", f"{key} = {v} %"
-            if name.startswith("RRU.Prb") and v > MAX_PRBS_PER_NODE:
+            if kind == PRB and v > MAX_PRBS_PER_NODE:
                 return "above-cell", f"{key} = {v} PRBs > {MAX_PRBS_PER_NODE}"
-            if limits is not None and name.startswith(_SM_PREFIX) and v > limits.gpu_sms:
-                return "above-gpu", f"{key} = {v} SMs > the site's {limits.gpu_sms}"
-            if name == "GPU.DeadlineMiss" and granul_period_ms and v > MAX_SLOTS_PER_MS * granul_period_ms:
+            if kind == SM and v > gpu:
+                return "above-gpu", f"{key} = {v} SMs > the site's {gpu}"
+            if kind == MISS and v > misses:
                 return "miss-count", f"{key} = {v} slots in a {granul_period_ms} ms period"
-        vals = {k: float(v) for k, v in zip(keys, r, strict=False) if v is not None}
-        for used, avail in _PRB_AVAIL.items():
-            if avail in vals:
-                over = [k for k, v in vals.items() if k.split("@")[0] == used and v > vals[avail] + 1]
-                if over:       # +1: a mean of PRBs rounded to an integer may round above the available
-                    return "above-cell", f"{over[0]} = {vals[over[0]]} > {avail} = {vals[avail]}"
+        for used, avail in pairs:
+            # +1: a mean of PRBs rounded to an integer may round above the available ones
+            if r[used] is not None and r[avail] is not None and r[used] > r[avail] + 1:
+                return "above-cell", f"{keys[used]} = {r[used]} > {keys[avail]} = {r[avail]}"
     return None
 
 

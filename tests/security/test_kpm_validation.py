@@ -171,3 +171,36 @@ async def _run(tmp):
         if x is not None:
             await x.stop()
         await tb.close()
+
+
+def test_ingest_bounds_on_real_bytes():
+    """The bounds one by one, through `Ingest.indication` on real E2AP bytes: what a node may really
+    report passes (noValue, the whole GPU, PRBs used = available, 100 %), the impossible is refused by
+    reason and counted per node, and a refusal is handed over as a `KpmRefusal` for the loop."""
+    from e2sm.kpm import KpmVersion
+    from xapp.config import SiteConfig
+    from xapp.ingest import Ingest, IngestError, KpmSubscription, KpmValueError
+
+    ing = Ingest()
+    ing.set_limits((SiteConfig(site_id="s", nodes=("gnb-a",), gpu_sms=132),))
+    ing.add(KpmSubscription(7, "gnb-a", 2, KpmVersion.V3_00, ()))
+    v3 = KpmVersion.V3_00
+
+    def feed(values):
+        return ing.indication(7, "gnb-a", hostile(values, v3, 2, sn=1), 1.0)
+
+    ok = feed({"GPU.SmUsed.Max": 132, "GPU.SmUsed.Mean": None, "RRU.PrbUsedDl": 273.0, "RRU.PrbAvailDl": 273,
+               "RRU.PrbTotDl": 100, "GPU.DeadlineMiss": 3, "DRB.UEThpDl": 1e7})
+    assert ok.values["GPU.SmUsed.Max"] == 132 and "GPU.SmUsed.Mean" not in ok.values
+    bad = [({"GPU.DeadlineMiss": 100 * 64 + 1}, "miss-count"),                # more slots than 100 ms hold
+           ({"RRU.PrbUsedDl@1:2": 280.0, "RRU.PrbAvailDl": 273}, "above-cell"),  # a slice above the cell
+           ({"RRU.PrbAvailDl": 1e12}, "above-cell"),                          # would make 3.6e9 "cells"
+           ({"GPU.SmNonDeferrable.Max": 1e300}, "above-gpu"),
+           ({"DRB.RlcSduDelayDl": float("-inf")}, "non-finite")]
+    for values, reason in bad:
+        with pytest.raises(KpmValueError) as ei:
+            feed(values)
+        assert isinstance(ei.value, IngestError) and ei.value.kind == "value"
+        assert ei.value.refusal.meid == "gnb-a" and ei.value.refusal.reason == reason, (values, ei.value)
+    assert ing.refused[("gnb-a", "above-cell")] == 2 and ing.errors["value"] == len(bad)
+    assert ing.accepted == 1
