@@ -120,6 +120,17 @@ def scenario_for(cfg: UpConfig) -> Scenario:
                     period_slots=int(round(cfg.period_ms / 0.5)), start_hour=20.0)
 
 
+def static_reserve_for(cfg: UpConfig, calibration_periods: int = 600) -> int:
+    """The static baseline's reservation as `weaver bench policies` tunes it: the smallest multiple of the
+    granularity whose per-slot exceedance on a calibration run of this scenario (another seed than the live
+    run's) meets the miss target."""
+    from testbed.bench.policies import TARGET, simulate
+    from xapp.policy import StaticPolicy
+    sc = scenario_for(cfg)
+    cal = simulate(sc, cfg.seed + 1000, calibration_periods, None)
+    return StaticPolicy.reservation_for(cal.demand, sc.sites[0].granularity, TARGET)
+
+
 def site_name(i: int) -> str:
     return f"site-{i}"
 
@@ -132,6 +143,8 @@ def xapp_controls(cfg: UpConfig, sim, ports: dict[str, int], lighthouse_addr: st
     c["period_ms"] = int(cfg.period_ms)
     c["policy"]["name"] = cfg.policy
     c["policy"]["guard_sms"] = cfg.guard_sms
+    if cfg.policy == "static":   # the descriptor's reserve of 0 is refused as unsafe: tune it as the bench does
+        c["policy"]["static_reserve_sms"] = static_reserve_for(cfg)
     c["sites"] = []
     statics = []
     for i, node in enumerate(sim.nodes):
