@@ -704,6 +704,11 @@ class XappApp:
         source = self._rmr_source(msg)
         if self._throttled(source, now):
             self._rmr_drop("throttled", msg)
+            if self._bad_sources.get(source, 0) >= BAD_PER_SOURCE and hasattr(self.rmr, "hold"):
+                # past its own budget: stop reading that connection for the rest of the window, so the
+                # flood waits in the kernel rather than ahead of the E2 termination's frames in our queue
+                self.rmr.favour(msg.via, False)
+                self.rmr.hold(msg.via, max(0.0, self._bad_window_end - now))
             return
         if msg.mtype == MT_INDICATION:
             if len(msg.payload) > MAX_INDICATION_BYTES:
@@ -713,6 +718,8 @@ class XappApp:
             try:
                 sample = self.ingest.indication(msg.sub_id, msg.meid, msg.payload, now)
                 self.samples.append(sample)
+                if not self._bad_sources.get(source) and hasattr(self.rmr, "favour"):
+                    self.rmr.favour(msg.via)   # it carries real KPM: its frames go ahead of other connections
                 self.last_kpm[sample.meid] = now
                 self.counters.indications += 1
                 site = self.cfg.site_of(msg.meid)
@@ -722,7 +729,11 @@ class XappApp:
             except IngestError as exc:
                 if isinstance(exc, KpmValueError):
                     self.samples.append(exc.refusal)   # the loop: this node is not fresh until a valid frame
-                if exc.kind != "unknown-node" and msg.sub_id in self.ingest.subs:   # it cost a decode
+                # A frame that cost a decode counts against its connection's budget - but not a refused value:
+                # it costs no more than a valid frame (valid frames are never throttled either), and on a real
+                # RIC every node's KPM shares e2term's one connection, so one node's nonsense must not
+                # throttle the others (that node is not fresh anyway, and counted per node).
+                elif exc.kind != "unknown-node" and msg.sub_id in self.ingest.subs:
                     self._bad_frame(source)
                 key = (exc.kind, msg.meid)
                 if key not in self._drops and len(self._drops) >= 1024:     # meids are the peer's choice

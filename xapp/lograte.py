@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 # Loggers whose lines a peer can trigger: the xApp's own and aiohttp's (a malformed request line
 # logs a traceback per connection on "aiohttp.server").
-PREFIXES = ("weaver.xapp", "xapp.", "aiohttp.")
+PREFIXES = ("weaver.xapp", "xapp.", "aiohttp.", "pycrate")
 _OVERFLOW = "<other messages>"
 
 
@@ -83,7 +83,10 @@ def install(burst: int = 10, interval_s: float = 60.0) -> RateLimitFilter:
     if _installed is None:
         _installed = RateLimitFilter(burst=burst, interval_s=interval_s)
     _installed.reset()      # a new xApp in this process (tests) starts with full budgets
-    names = {"weaver.xapp", "xapp.rmr", "aiohttp.server", "aiohttp.web", "aiohttp.access"}
+    names = {"weaver.xapp", "xapp.rmr", "aiohttp.server", "aiohttp.web", "aiohttp.access", "pycrate.asn1rt"}
+    # pycrate says INFO "unable to retrieve a table-looked up object" for every frame it cannot decode: a
+    # peer's garbage, already counted and logged (rate-limited) by us; its own warnings still show
+    logging.getLogger("pycrate.asn1rt").setLevel(logging.WARNING)
     names |= {n for n in logging.root.manager.loggerDict if n.startswith(PREFIXES)}
     for name in sorted(names):
         lg = logging.getLogger(name)

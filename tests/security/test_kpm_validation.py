@@ -123,6 +123,17 @@ async def _run(tmp):
             assert f'weaver_kpm_refused_total{{node="{meid0}",reason="{reason}"}} {n}' in metrics, metrics
         assert "xapp-error" not in x.counters.revocations, x.counters.revocations
         assert x.state.sites["site-0"].feeds[meid0].refused_total >= len(cases)
+        # A burst of refused values (120 in well under a second, past the 50-a-second bad-frame budget of a
+        # connection) is not a reason to throttle the connection it came on: on a real RIC every node's KPM
+        # shares e2term's one connection, so one node's nonsense must not hold back the others' frames.
+        before = x.ingest.refused.get((meid0, "negative"), 0)
+        throttled = x.counters.rmr_dropped.get("throttled", 0)
+        for i in range(120):
+            await send(hostile({"GPU.SmUsed.Mean": -1.0, "GPU.SmUsed.Max": 40}, sub.version,
+                               sub.ran_function_id, sn=i))
+        await until(lambda: x.ingest.refused.get((meid0, "negative"), 0) >= before + 120, 5,
+                    "all 120 refused as values, none throttled")
+        assert x.counters.rmr_dropped.get("throttled", 0) == throttled
 
         # the refusing node's site was revoked for it, and is granted again on the node's valid frames
         await until(lambda: agents[0].revokes(after=t_bad), 5, "site-0's revoke")

@@ -191,3 +191,48 @@ async def _xapp_rss(tmp: Path, redis: dict, python: Path):
         assert status == 200
     finally:
         assert await x.stop() == 0, (tmp / "xapp.log").read_text()[-3000:]
+
+
+def test_favoured_frames_jump_a_flood_and_a_held_connection_is_not_read():
+    asyncio.run(asyncio.wait_for(_favour_and_hold(), 30))
+
+
+async def _favour_and_hold():
+    """The queue order the xApp relies on under a flood: frames of a connection it vouched for (the E2
+    termination's, which delivered valid KPM) come out before a flood queued from another connection,
+    and a connection put on hold is not read (its bytes wait in the kernel) until the hold ends."""
+    from xapp.rmr import encode_frame
+
+    ep = await RmrEndpoint.open(0, env={}, queue_size=4096)
+    good = await RmrEndpoint.open(0, src_id="127.0.0.1", env={})
+    try:
+        target = f"127.0.0.1:{ep.port}"
+        await good.wormhole_send(target, RmrMessage(mtype=12050, payload=b"kpm-0"))
+        first = await ep.receive(5)
+        ep.favour(first.via)
+        _, flood = await _open(ep.port)
+        junk = b"".join(encode_frame(RmrMessage(mtype=4242, payload=b"x" * 64), b"127.0.0.1:9", b"127.0.0.1:9") for _ in range(2000))
+        assert await _send(flood, junk)
+        await asyncio.sleep(0.2)                      # the flood is read and queued first...
+        await good.wormhole_send(target, RmrMessage(mtype=12050, payload=b"kpm-1"))
+        await asyncio.sleep(0.1)
+        assert ep.pending() > 1000
+        nxt = await ep.receive(5)                     # ...and the vouched-for frame still comes out first
+        assert nxt.payload == b"kpm-1", (nxt.mtype, ep.pending())
+        while ep.pending():
+            await ep.receive(1)
+
+        # hold the flood's connection: what it sends for the next 0.5 s is not read, then it is
+        assert await _send(flood, junk[:len(junk) // 20])
+        msg = await ep.receive(5)
+        assert ep.hold(msg.via, 0.5)
+        while ep.pending():
+            await ep.receive(1)
+        t0 = time.monotonic()
+        assert await _send(flood, junk[:len(junk) // 20])
+        got = await ep.receive(5)
+        assert time.monotonic() - t0 >= 0.4 and got.mtype == 4242
+        flood.close()
+    finally:
+        await good.close()
+        await ep.close()

@@ -180,6 +180,8 @@ class _Link(asyncio.Protocol):
         self.gone: asyncio.Future = asyncio.get_running_loop().create_future()  # set by connection_lost
         self.held = 0  # bytes of this connection's partial frame, as counted in the endpoint's total
         self.last_rx = 0.0  # endpoint clock of the last bytes received (or of the connect)
+        self.held_until = 0.0  # loop clock: reading this connection is paused until then (RmrEndpoint.hold)
+        self.favoured = False  # the application vouched for it (RmrEndpoint.favour): its frames go first
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------
 
@@ -308,6 +310,21 @@ class _Link(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def hold(self, seconds: float) -> None:
+        """Stop reading this connection for `seconds`: what the peer sends meanwhile waits in the kernel
+        (TCP flow control pushes back on the sender) instead of costing us a parse per frame."""
+        loop = asyncio.get_running_loop()
+        if self.closed or self.transport is None or self.held_until > loop.time():
+            return
+        self.held_until = loop.time() + seconds
+        self.transport.pause_reading()
+        loop.call_later(seconds, self._unhold)
+
+    def _unhold(self) -> None:
+        self.held_until = 0.0
+        if not self.closed and self.transport is not None and not self.ep._inbox_paused:
+            self.transport.resume_reading()
+
 
 class RmrEndpoint:
     """A pure-Python RMR endpoint. Build it with `await RmrEndpoint.open(...)`."""
@@ -347,6 +364,7 @@ class RmrEndpoint:
         self._dialling: dict[str, asyncio.Future] = {}
         self._backoff: dict[str, _Backoff] = {}
         self._inbox: collections.deque[RmrMessage] = collections.deque()
+        self._inbox_first: collections.deque[RmrMessage] = collections.deque()   # from favoured links
         self._inbox_waiters: collections.deque[asyncio.Future] = collections.deque()
         self._inbox_paused = False
         self._calls: dict[int, tuple[bytes, asyncio.Future]] = {}
@@ -530,15 +548,20 @@ class RmrEndpoint:
             self._enqueue(msg)
 
     def _enqueue(self, msg: RmrMessage) -> None:
-        inbox = self._inbox
-        inbox.append(msg)
+        first = getattr(msg.via, "favoured", False)
+        (self._inbox_first if first else self._inbox).append(msg)
+        if first and self._inbox_paused and len(self._inbox_first) >= self.queue_size // 2:
+            msg.via.transport.pause_reading()   # favoured or not, no connection grows the queue unbounded
         self._inbox_bytes += len(msg.payload)
         if self._inbox_waiters:
             self._wake_one()
-        if (len(inbox) >= self.queue_size or self._inbox_bytes >= self.max_buffered) and not self._inbox_paused:
+        if (self.pending() >= self.queue_size or self._inbox_bytes >= self.max_buffered) and not self._inbox_paused:
             self._inbox_paused = True
+            # a favoured link keeps being read while its own frames are few: a flood that fills the queue
+            # from other connections must not hold the E2 termination's frames back in the kernel
+            keep = len(self._inbox_first) < self.queue_size // 2
             for link in self._links:
-                if link.transport is not None and not link.closed:
+                if link.transport is not None and not link.closed and not (keep and link.favoured):
                     link.transport.pause_reading()
 
     def _dispatch_control(self, msg: RmrMessage) -> None:
@@ -609,10 +632,10 @@ class RmrEndpoint:
     async def receive(self, timeout: float | None = None) -> RmrMessage:
         """The next message. Raises `TimeoutError` after `timeout` seconds, `RmrClosedError` once closed.
         Several tasks may wait at once; each message goes to exactly one of them."""
-        if not self._inbox:
+        if not self._inbox and not self._inbox_first:
             loop = asyncio.get_running_loop()
             deadline = None if timeout is None else loop.time() + timeout
-            while not self._inbox:
+            while not self._inbox and not self._inbox_first:
                 if self._closed:
                     raise RmrClosedError("endpoint closed")
                 w = loop.create_future()
@@ -630,21 +653,37 @@ class RmrEndpoint:
                         self._inbox_waiters.remove(w)
                     except ValueError:
                         pass
-                    if self._inbox and self._inbox_waiters:  # we may have been woken, then cancelled
+                    if (self._inbox or self._inbox_first) and self._inbox_waiters:  # woken, then cancelled
                         self._wake_one()
-        msg = self._inbox.popleft()
+        msg = self._inbox_first.popleft() if self._inbox_first else self._inbox.popleft()
         self._inbox_bytes -= len(msg.payload)
-        if self._inbox_paused and len(self._inbox) <= self.queue_size // 2 and \
+        if self._inbox_paused and self.pending() <= self.queue_size // 2 and \
                 self._inbox_bytes <= self.max_buffered // 2:
             self._inbox_paused = False
+            now = asyncio.get_running_loop().time()
             for link in self._links:
-                if link.transport is not None and not link.closed:
+                if link.transport is not None and not link.closed and link.held_until <= now:
                     link.transport.resume_reading()
         return msg
 
+    def favour(self, via: object, on: bool = True) -> None:
+        """Let the messages of the connection `via` came on jump the receive queue (or stop that). The
+        application decides whom it trusts - a connection that delivered valid frames and no bad ones -
+        so that a flood on other connections queues behind, not ahead of, them."""
+        if isinstance(via, _Link):
+            via.favoured = on
+
+    def hold(self, via: object, seconds: float) -> bool:
+        """Stop reading the connection a received message came on (its `via`) for `seconds`; False when
+        it did not come on one of ours (the native backend, or a connection already gone)."""
+        if isinstance(via, _Link) and via in self._links:
+            via.hold(seconds)
+            return True
+        return False
+
     def pending(self) -> int:
         """Messages waiting in the receive queue."""
-        return len(self._inbox)
+        return len(self._inbox) + len(self._inbox_first)
 
     # -- connections --------------------------------------------------------------------------------
 
