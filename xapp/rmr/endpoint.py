@@ -4,7 +4,9 @@ One listening port; one dialled connection per endpoint *name*, opened lazily on
 the next send after a loss, with an exponential backoff between failed dials. Frames are read on every
 socket, accepted and dialled. Outgoing frames are queued per connection and written together once the
 sender yields (or a batch fills), so a burst costs one syscall, not one per message; `send` waits when the
-kernel buffer is full. The receive queue is bounded: past `queue_size` messages (or `max_buffered` payload
+kernel buffer is full. A send that needs no wait still yields to the loop now and then (`YIELD_EVERY` sends,
+or `YIELD_AFTER_S` since the loop last ran): inbound frames are read while an application sends in a loop,
+so a peer answering each message by rts does not find our socket full (issue 15). The receive queue is bounded: past `queue_size` messages (or `max_buffered` payload
 bytes) the endpoint stops reading sockets until the application catches up (nothing is dropped).
 
 Hostile peers are bounded too (issue 13): a frame announcing more than `max_frame` closes its connection
@@ -20,7 +22,7 @@ import functools
 import logging
 import os
 import socket
-import time  # wall-clock epoch in route-table requests only
+import time  # wall-clock epoch in route-table requests; monotonic send pacing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -43,6 +45,12 @@ DEFAULT_MAX_BUFFERED = 256 << 20  # partial frames of all connections together (
 DEFAULT_MAX_CONNECTIONS = 1024  # accepted connections; dialled ones are bounded by the route table
 HEALTH_IN_FLIGHT = 64  # health-check answers dial the sender's src: a flood must not pile up dials
 HEALTH_OK = b"OK\n"
+# A send yields to the loop after this many sends, or this long, without the loop running: C peers write
+# without blocking (rmr_rts_msg fails with SENDFAILED once our socket's buffers fill), so inbound data must
+# be read while the application sends. 64 sends keep a burst's writes joined; 1 ms is far below the
+# ~100 kB an unread loopback socket holds at RMR's message rates.
+YIELD_EVERY = 64
+YIELD_AFTER_S = 0.001
 _HEALTH_REQ = int(Mtype.HEALTH_CHECK_REQ)  # a plain int: comparing to an enum member costs ~0.4 us per frame
 
 
@@ -374,6 +382,8 @@ class RmrEndpoint:
         self._control_server: asyncio.AbstractServer | None = None
         self._rtg_target: str | None = None
         self._closed = False
+        self._turn_at: float | None = None  # monotonic time the current loop turn's first send saw; None: new turn
+        self._turn_sends = 0
 
     @classmethod
     async def open(cls, port: int | str = 4560, route_table: str | os.PathLike | None = None,
@@ -797,8 +807,36 @@ class RmrEndpoint:
             link = self._dialled.get(targets[0])
             if link is not None and link._writable is None and link.usable:
                 link.write(encode_frame(msg, self._src_b, self._srcip_b))
+                if self._due_yield():
+                    await self._yield_turn()
                 return 1
-        return await self._send_routed(msg, targets)
+        delivered = await self._send_routed(msg, targets)
+        if self._due_yield():
+            await self._yield_turn()
+        return delivered
+
+    def _due_yield(self) -> bool:
+        """Count a send that did not wait; True when the loop has not run for YIELD_EVERY of them or for
+        YIELD_AFTER_S (a send that waited for a connection or for drain yielded already, and is cheap to count)."""
+        if self._turn_at is None:
+            self._begin_turn()
+            return False
+        self._turn_sends += 1
+        return self._turn_sends >= YIELD_EVERY or time.monotonic() - self._turn_at >= YIELD_AFTER_S
+
+    def _begin_turn(self) -> None:
+        self._turn_at, self._turn_sends = time.monotonic(), 0
+        asyncio.get_running_loop().call_soon(self._end_turn)
+
+    def _end_turn(self) -> None:
+        self._turn_at = None  # the loop ran: readers had their chance
+
+    async def _yield_turn(self) -> None:
+        """Let the loop read sockets and flush joined writes. The application's work until the next send
+        counts against the turn that starts now, so a send after long work yields at once."""
+        await asyncio.sleep(0)
+        if self._turn_at is None:
+            self._begin_turn()
 
     async def wormhole_send(self, target: str, msg: RmrMessage) -> None:
         """Send straight to `host:port`, bypassing the route table (rmr_wh_open + rmr_wh_send_msg)."""
@@ -808,6 +846,8 @@ class RmrEndpoint:
             msg = msg.replace(call=False, call_id=0)
         link = await self._write_to(target, self.encode(msg))
         await link.drained()
+        if self._due_yield():
+            await self._yield_turn()
 
     async def rts(self, received: RmrMessage, mtype: int | None = None, payload: bytes | None = None) -> None:
         """Return to sender (§7): dial `src`; else the socket it arrived on; else `srcip`; else NOENDPT.
@@ -815,6 +855,8 @@ class RmrEndpoint:
         if self._closed:
             raise RmrClosedError("endpoint closed")
         frame = self.encode(reply_message(received, mtype, payload))
+        if self._due_yield():  # an app answering a backlog in a loop keeps reading too
+            await self._yield_turn()
         tried = []
         if received.src:
             try:
