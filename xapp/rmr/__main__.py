@@ -4,6 +4,7 @@ receiver and health probe).
     python -m xapp.rmr listen --port 4560 [--rt FILE] [--count N]   one JSON line per message on stdout
     python -m xapp.rmr send --rt FILE --mtype N [--meid M] [--sub-id S] --payload-hex H [--wait-reply S]
     python -m xapp.rmr probe HOST:PORT [--timeout S]                   health check; exit 0 healthy, 1 not
+                                      (honours RMR_BIND_IF, RMR_SRC_ID, RMR_SRC_NAMEONLY)
 
 Exit codes: 0 success, 1 the RMR operation failed (message on stderr), 2 bad arguments.
 """
@@ -105,14 +106,32 @@ def _route_to(host: str) -> str:
         return "127.0.0.1"
 
 
+# What probe takes from the RMR environment: who it says it is and where it listens. Not the route table
+# or the route manager port: inside an xApp's container those belong to the xApp (RMR_RTG_SVC's port is taken).
+PROBE_ENV = ("RMR_BIND_IF", "RMR_SRC_ID", "RMR_SRC_NAMEONLY")
+
+
+def probe_env(environ) -> dict[str, str]:
+    return {k: environ[k] for k in PROBE_ENV if environ.get(k)}
+
+
+def _probe_address(bind_if: str | None, host: str) -> str:
+    """The address the health-check reply is to come back to: the bound interface (we listen only there),
+    else the one the kernel routes to the target by (a hostname may not resolve at the target)."""
+    if bind_if and bind_if not in ("0.0.0.0", "::"):
+        return bind_if
+    return _route_to(host)
+
+
 async def probe(args: argparse.Namespace) -> int:
     try:
         host, _ = split_hostport(args.target)
     except RmrError as exc:
         _err(str(exc))
         return 2
-    ep = await RmrEndpoint.open(0, src_id=os.environ.get("RMR_SRC_ID") or _route_to(host),
-                                env={}, connect_timeout=args.timeout)
+    env = probe_env(os.environ)
+    src_id = None if env.get("RMR_SRC_ID") else _probe_address(env.get("RMR_BIND_IF"), host)
+    ep = await RmrEndpoint.open(0, src_id=src_id, env=env, connect_timeout=args.timeout)
     xid = os.urandom(16).hex().encode()
     started = time.perf_counter()
     try:
