@@ -13,7 +13,10 @@ Pure: no I/O, no logging; the caller counts and logs errors by `kind`.
 Values are checked before they become a sample (`check_values`): every value must be finite and
 non-negative (KPM measurements are counts, sizes, rates and durations), percentages at most 100, a
 node's PRBs used at most its PRBs available and those at most `MAX_PRBS_PER_NODE`, SM figures at most
-the site's GPU (`NodeLimits`), deadline misses at most the slots of the reported periods. A frame that
+the site's GPU (`NodeLimits`; the offered, pre-shaping demand `GPU.SmOffered.*` at most `OFFERED_GPU_FACTOR`
+times it), deadline misses at most the slots of the reported periods, the best-effort delay the
+compute-aware stage added (`GPU.BeAddedDelay.Max`) at most `MAX_BE_DELAY_MS` and its deferred backlog
+(`GPU.BeDeferredBytes`) at most `MAX_BE_DEFERRED_BYTES`. A frame that
 fails is refused whole (`KpmValueError`, kind `value`) with a `KpmRefusal` the loop takes as "this node
 is not fresh" (xapp.loop owns freshness); `refused` counts them per (node, reason). A valid but extreme
 value (the whole GPU as peak) is accepted: the RAN really may peak, and the windows age it out.
@@ -44,7 +47,18 @@ MAX_CELLS_PER_NODE = 64
 MAX_PRBS_PER_NODE = MAX_PRBS_PER_CELL * MAX_CELLS_PER_NODE
 # 960 kHz SCS (numerology 6, FR2-2) has 64 slots per ms: no node counts more missed slots than that.
 MAX_SLOTS_PER_MS = 64
-_SM_PREFIX = "GPU.Sm"                 # GPU.SmUsed.*, SmAvail, SmEnvelope, SmOffered.*, SmNonDeferrable.*
+_SM_PREFIX = "GPU.Sm"                 # GPU.SmUsed.*, SmAvail, SmEnvelope, SmNonDeferrable.* (SmOffered: below)
+# The demand the RAN offers before the envelope may exceed the GPU (that excess is what the compute-aware
+# stage defers), but a MAC schedules at most its cells' PRBs, and no PHY is costed at twice the GPU it
+# was sized for: above that the figure is garbage (wrong unit, wrong site), not load.
+_OFFERED_PREFIX = "GPU.SmOffered"
+OFFERED_GPU_FACTOR = 2
+# Deferred best-effort work older than a minute has long been dropped by any RLC/PDCP discard timer (TS
+# 38.331 discardTimer tops at 1500 ms, or infinity, which no deployment of a delay budget uses); a larger
+# delay is a unit error (us sent as ms).
+MAX_BE_DELAY_MS = 60_000.0
+# Backlog: a minute of the node's cells at 20 Gbit/s each (above NR's peak rate per carrier).
+MAX_BE_DEFERRED_BYTES = MAX_CELLS_PER_NODE * 20e9 / 8 * MAX_BE_DELAY_MS / 1000
 _PERCENT = ("RRU.PrbTotDl", "RRU.PrbTotUl")
 _PRB_AVAIL = {"RRU.PrbUsedDl": "RRU.PrbAvailDl", "RRU.PrbUsedUl": "RRU.PrbAvailUl"}
 
@@ -65,6 +79,7 @@ class KpmRefusal:
     meid: str
     received: float
     reason: str                        # non-finite | negative | above-gpu | above-cell | percent | miss-count
+    #                                    | be-delay | be-backlog
     detail: str = ""
 
 
@@ -143,7 +158,7 @@ def fold(records: tuple[tuple, ...], keys: tuple[str, ...]) -> dict[str, float]:
     return out
 
 
-PLAIN, PERCENT, PRB, SM, MISS = range(5)
+PLAIN, PERCENT, PRB, SM, MISS, OFFERED, DELAY, BACKLOG = range(8)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -151,8 +166,10 @@ def _bounds(keys: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[tuple[int, in
     """Per key its kind of bound, and the (used, available) index pairs of PRB counters; built once per
     measInfoList like the keys themselves (this runs on every indication)."""
     names = [k.split("@")[0] for k in keys]
-    kinds = tuple(PERCENT if n in _PERCENT else PRB if n.startswith("RRU.Prb") else SM if n.startswith(_SM_PREFIX)
-                  else MISS if n == "GPU.DeadlineMiss" else PLAIN for n in names)
+    kinds = tuple(PERCENT if n in _PERCENT else PRB if n.startswith("RRU.Prb")
+                  else OFFERED if n.startswith(_OFFERED_PREFIX) else SM if n.startswith(_SM_PREFIX)
+                  else MISS if n == "GPU.DeadlineMiss" else DELAY if n == "GPU.BeAddedDelay.Max"
+                  else BACKLOG if n == "GPU.BeDeferredBytes" else PLAIN for n in names)
     pairs = tuple((i, names.index(avail)) for i, n in enumerate(names)
                   if (avail := _PRB_AVAIL.get(n)) is not None and avail in names)
     return kinds, pairs
@@ -184,6 +201,12 @@ def check_values(records: tuple[tuple, ...], keys: tuple[str, ...], limits: Node
                 return "above-gpu", f"{key} = {v} SMs > the site's {gpu}"
             if kind == MISS and v > misses:
                 return "miss-count", f"{key} = {v} slots in a {granul_period_ms} ms period"
+            if kind == OFFERED and v > OFFERED_GPU_FACTOR * gpu:
+                return "above-gpu", f"{key} = {v} SMs > {OFFERED_GPU_FACTOR} x the site's {gpu}"
+            if kind == DELAY and v > MAX_BE_DELAY_MS:
+                return "be-delay", f"{key} = {v} ms > {MAX_BE_DELAY_MS:.0f}"
+            if kind == BACKLOG and v > MAX_BE_DEFERRED_BYTES:
+                return "be-backlog", f"{key} = {v} bytes > {MAX_BE_DEFERRED_BYTES:.3g}"
         for used, avail in pairs:
             # +1: a mean of PRBs rounded to an integer may round above the available ones
             if r[used] is not None and r[avail] is not None and r[used] > r[avail] + 1:

@@ -41,6 +41,7 @@ from xapp.actuate import CONTROL_REQUESTOR, NodeControl, envelope_request, quota
 from xapp.config import SiteConfig, XappConfig
 from xapp.estimate import AVAIL_DL, CostModel, DemandEstimate, SiteEstimator
 from xapp.ingest import KpmRefusal, KpmSample, meas_key
+from xapp.inputs import NO_INPUTS, PolicyInputs, policy_inputs
 from xapp.invariant import SiteSafety
 from xapp.policy import CellCap, QuotaCost, SiteHistory, SiteObservation, make_policy
 
@@ -172,6 +173,8 @@ class SiteRuntime:
     last_estimate: DemandEstimate | None = None
     misses: int = 0
     site_errors: int = 0                 # steps in which this site's part raised (revoked: site-error)
+    inputs: PolicyInputs = NO_INPUTS     # what the latest decision's policy inputs rest on (xapp.inputs)
+    input_periods: dict = field(default_factory=dict)   # basis -> periods decided on it (measured | estimated)
 
     @property
     def acked_envelope(self) -> int | None:
@@ -524,8 +527,17 @@ def lift_shaping(state: LoopState, now: float) -> list[SendControl]:
 
 def _observation(state: LoopState, rt: SiteRuntime, est: DemandEstimate, now: float) -> SiteObservation:
     """KPM -> what the policy sees. Cells per node from RRU.PrbAvailDl / cell_prbs; best-effort PRBs per
-    cell from the node's per-slice counters of the site's best-effort slices."""
+    cell from the node's per-slice counters of the site's best-effort slices; offered and non-deferrable
+    demand, best-effort delay and backlog from the node's compute-aware measurements, or their estimate
+    from standard counters (xapp.inputs; `rt.inputs` says which)."""
     site, cell_prbs = rt.cfg, state.cfg.policy.cell_prbs
+    samples = [rt.last[m] for m in site.nodes]
+    prot_keys = [meas_key("RRU.PrbUsedDl", _Label(p)) for p in site.protected_slices]
+    defers = any(nc.mode in ("envelope", "quota") for nc in rt.nodes.values())
+    pi = policy_inputs(samples, est, rt.estimator.model, protected_keys=prot_keys, defers=defers,
+                       quantile=state.cfg.estimate.quantile, min_samples=state.cfg.estimate.min_samples)
+    rt.inputs = pi
+    rt.input_periods[pi.basis] = rt.input_periods.get(pi.basis, 0) + 1
     utils, be_per_cell, n_cells = [], [], 0
     be_keys = [meas_key("RRU.PrbUsedDl", _Label(b)) for b in site.best_effort_slices]
     for m in site.nodes:
@@ -539,7 +551,9 @@ def _observation(state: LoopState, rt: SiteRuntime, est: DemandEstimate, now: fl
         be_per_cell += [be / cells] * cells
     return SiteObservation(site_id=site.site_id, now=now, gpu_sms=site.gpu_sms, granularity=site.granularity,
                            period_s=state.cfg.period_s, demand_mean=est.mean, demand_max=est.peak,
-                           prb_util=tuple(utils), fresh=True,
+                           prb_util=tuple(utils), fresh=True, offered_mean=pi.offered_mean,
+                           offered_max=pi.offered_max, nondeferrable_max=pi.nondeferrable_max,
+                           be_delay_ms=pi.be_delay_ms, be_deferred_bytes=pi.be_deferred_bytes,
                            be_delay_budget_ms=float(state.cfg.actuation.be_delay_budget_ms),
                            be_prb_per_cell=tuple(be_per_cell), n_cells=max(1, n_cells))
 
@@ -568,6 +582,7 @@ def _decide(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs, actio
     elif not state.control_leader:
         reason = "not-leader"
     if reason:
+        rt.input_periods["none"] = rt.input_periods.get("none", 0) + 1   # rt.inputs: the last decision's
         _revoke(state, rt, now, reason, actions)
         if is_fresh and state.control_leader:
             _lift(state, rt, now, actions)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 KPM_VERSIONS = ("v3.00", "v2.03")
 RC_TABLES = ("srsran", "oai", "oai-gnb")  # oai-gnb: flat layout, ASCII values (the OAI gNB parser)
+KPM_PROFILES = ("compute-aware", "gpu", "standard")  # what KPM the node offers (measure.measurements_for)
 
 
 class NodeConfigError(ValueError):
@@ -24,6 +25,8 @@ class NodeConfig:
     `kpm_version` picks the KPM module (and OID) the node advertises and encodes with; `rc_table` picks
     the RC parameter-ID table of its RC RAN function definition and of the controls it accepts
     (srsRAN/OSC spec numbering, OAI/FlexRIC, or OAI's gNB wire form), because real nodes differ (e2-facts §3, §4).
+    `kpm_profile` picks the measurements it offers: `standard` stands in for a stock srsRAN/OAI gNB (3GPP
+    PRB and throughput counters only), so the xApp's fallback to estimated policy inputs can be exercised.
     """
 
     site: int
@@ -39,8 +42,11 @@ class NodeConfig:
     kpm_function_id: int = 2
     rc_function_id: int = 3
     vendor: str = "Weaver testbed"
+    kpm_profile: str = "compute-aware"
 
     def __post_init__(self) -> None:
+        if self.kpm_profile not in KPM_PROFILES:
+            raise NodeConfigError(f"kpm_profile must be one of {KPM_PROFILES}, got {self.kpm_profile!r}")
         if self.kpm_version not in KPM_VERSIONS:
             raise NodeConfigError(f"kpm_version must be one of {KPM_VERSIONS}, got {self.kpm_version!r}")
         if self.rc_table not in RC_TABLES:

@@ -2,7 +2,8 @@
 
 - KPM (v3.00 or v2.03, chosen per node): event trigger style 1 "Periodic Report", report style 1
   "E2 Node Measurement" (action format 1, header 1, message 1) with the measurements in
-  `measure.MEASUREMENTS`, including the vendor GPU measurements and the `.SNSSAI` per-slice counters.
+  `measure.measurements_for(config.kpm_profile)`: by default every one, including the vendor GPU
+  measurements and the `.SNSSAI` per-slice counters.
 - RC v1.03: control style 2 "Radio Resource Allocation Control" with action 6 "Slice-level PRB quota"
   and its parameters named by the node's ID table (srsRAN/OSC or OAI/FlexRIC), plus the Weaver vendor
   control style (1000, action 1 "Site SM envelope"), built by `e2sm.rc`.
@@ -12,7 +13,7 @@ from __future__ import annotations
 from e2sm import e2ap, kpm
 
 from .config import NodeConfig
-from .measure import MEASUREMENTS
+from .measure import measurements_for
 
 KPM_REVISION = 1
 RC_REVISION = 1
@@ -31,7 +32,7 @@ def kpm_description(config: NodeConfig) -> kpm.KpmRanFunctionDescription:
         oid=kpm_oid(config), short_name="ORAN-E2SM-KPM", description="KPM Monitor",
         event_trigger_styles=(kpm.KpmEventTriggerStyle(1, "Periodic Report", 1),),
         report_styles=(kpm.KpmReportStyle(1, "E2 Node Measurement", 1,
-                                          tuple(kpm.ReportableMeas(n) for n in MEASUREMENTS)),))
+                                          tuple(kpm.ReportableMeas(n) for n in measurements_for(config.kpm_profile))),))
 
 
 def rc_ids(config: NodeConfig):

@@ -17,7 +17,13 @@ Units follow TS 28.552 where it fixes them; the vendor GPU measurements are Weav
 | GPU.SmOffered.Mean / .Max | site | what the demand would have been without the compute-aware envelope: REAL / integer (up) |
 | GPU.SmNonDeferrable.Max | site | peak of fixed + protected-slice demand (the floor any envelope must cover), integer (up) |
 | GPU.BeAddedDelay.Max | site | oldest best-effort work the envelope deferred and served this period, ms, REAL |
+| GPU.BeDeferredBytes | site | best-effort bytes still waiting in the compute-aware stage at period end, integer |
 | GPU.SmEnvelope | site | the envelope in force (SMs, integer); noValue when none is set |
+
+What a node offers depends on its `NodeConfig.kpm_profile` (`measurements_for`): `compute-aware` (default)
+offers all of the above; `gpu` the standard counters plus GPU.SmUsed.*, GPU.SmAvail and GPU.DeadlineMiss
+(a GPU-reporting node without the compute-aware stage); `standard` only the 3GPP counters, as a stock
+srsRAN or OAI gNB does. The node refuses a subscription to a name its profile does not offer.
 
 A per-slice name (`.SNSSAI` suffix, or the base name with a sliceID label) for a slice the node does
 not serve yields `noValue`.
@@ -31,10 +37,20 @@ from .config import SliceId
 
 PER_SLICE = ("RRU.PrbUsedDl", "RRU.PrbUsedUl", "DRB.UEThpDl", "DRB.RlcSduDelayDl")
 PER_CELL = ("RRU.PrbAvailDl", "RRU.PrbAvailUl", "RRU.PrbTotDl", "RRU.PrbTotUl")
-SITE = ("GPU.SmUsed.Mean", "GPU.SmUsed.Max", "GPU.SmAvail", "GPU.DeadlineMiss", "GPU.SmOffered.Mean",
-        "GPU.SmOffered.Max", "GPU.SmNonDeferrable.Max", "GPU.BeAddedDelay.Max", "GPU.SmEnvelope")
+GPU_USED = ("GPU.SmUsed.Mean", "GPU.SmUsed.Max", "GPU.SmAvail", "GPU.DeadlineMiss")
+# What the compute-aware stage knows and the weaver policy reads (xapp.inputs POLICY_INPUTS).
+COMPUTE_AWARE = ("GPU.SmOffered.Mean", "GPU.SmOffered.Max", "GPU.SmNonDeferrable.Max", "GPU.BeAddedDelay.Max",
+                 "GPU.BeDeferredBytes", "GPU.SmEnvelope")
+SITE = (*GPU_USED, *COMPUTE_AWARE)
 _CEILED = ("GPU.SmUsed.Max", "GPU.SmOffered.Max", "GPU.SmNonDeferrable.Max")
-MEASUREMENTS = (*PER_SLICE, *(f"{n}.SNSSAI" for n in PER_SLICE), *PER_CELL, *SITE)
+STANDARD = (*PER_SLICE, *(f"{n}.SNSSAI" for n in PER_SLICE), *PER_CELL)
+MEASUREMENTS = (*STANDARD, *SITE)
+PROFILES = {"compute-aware": MEASUREMENTS, "gpu": (*STANDARD, *GPU_USED), "standard": STANDARD}
+
+
+def measurements_for(profile: str) -> tuple[str, ...]:
+    """The measurement names a node of this KPM profile lists in its RAN function definition."""
+    return PROFILES[profile]
 
 
 @dataclass(frozen=True)
@@ -74,6 +90,7 @@ class SiteMeasurements:
     nondeferrable_max: float = 0.0
     added_delay_max_ms: float = 0.0
     envelope: float | None = None
+    deferred_bytes: float = 0.0
 
 
 def _slice_value(name: str, s: SliceMeasurements) -> float:
@@ -86,7 +103,7 @@ def _as_kind(name: str, value: float) -> int | float:
     # A peak SM count is rounded up: that many SMs were needed to cover it.
     if name in _CEILED:
         return max(0, math.ceil(value - 1e-9))
-    if name.startswith("RRU.") or name in ("GPU.SmAvail", "GPU.DeadlineMiss", "GPU.SmEnvelope"):
+    if name.startswith("RRU.") or name in ("GPU.SmAvail", "GPU.DeadlineMiss", "GPU.SmEnvelope", "GPU.BeDeferredBytes"):
         return max(0, int(round(value)))
     return float(value)
 
@@ -101,7 +118,8 @@ def measure(m: SiteMeasurements, slices: tuple[SliceId, ...], name: str, snssai:
         value = {"GPU.SmUsed.Mean": m.sm_mean, "GPU.SmUsed.Max": m.sm_max, "GPU.SmAvail": m.sm_avail,
                  "GPU.DeadlineMiss": m.deadline_misses, "GPU.SmOffered.Mean": m.offered_mean,
                  "GPU.SmOffered.Max": m.offered_max, "GPU.SmNonDeferrable.Max": m.nondeferrable_max,
-                 "GPU.BeAddedDelay.Max": m.added_delay_max_ms, "GPU.SmEnvelope": m.envelope}[name]
+                 "GPU.BeAddedDelay.Max": m.added_delay_max_ms, "GPU.SmEnvelope": m.envelope,
+                 "GPU.BeDeferredBytes": m.deferred_bytes}[name]
         return _as_kind(name, value)
     base = name.removesuffix(".SNSSAI")
     if base in PER_SLICE:
@@ -146,4 +164,5 @@ def from_period_report(report, site: int, gpu_sms: float) -> SiteMeasurements:
                             offered_max=float(report.offered_max[s]),
                             nondeferrable_max=float(report.nondeferrable_max[s]),
                             added_delay_max_ms=float(report.added_delay_max_ms[s]),
+                            deferred_bytes=float(report.deferred_bytes[s]),
                             envelope=None if not math.isfinite(float(report.envelope[s])) else float(report.envelope[s]))

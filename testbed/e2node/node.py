@@ -21,7 +21,7 @@ from e2sm.errors import E2DecodeError, E2EncodeError
 
 from . import functions
 from .config import NodeConfig
-from .measure import MEASUREMENTS, SiteMeasurements, measure
+from .measure import SiteMeasurements, measure, measurements_for
 
 log = logging.getLogger("weaver.e2node")
 
@@ -188,7 +188,7 @@ class E2Node:
             return _cause("action-not-supported")
         if d.style != 1 or not isinstance(d.format, kpm.ActionDefFormat1):
             return _cause("action-not-supported")
-        if any(m.name not in MEASUREMENTS for m in d.format.meas):
+        if any(m.name not in measurements_for(self.config.kpm_profile) for m in d.format.meas):
             return _cause("requested-information-unavailable")
         cgi = d.format.cell_global_id
         if cgi is not None and (cgi.plmn != self.config.plmn or self.config.cell_of(cgi.cell_id) is None):

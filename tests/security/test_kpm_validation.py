@@ -153,6 +153,8 @@ async def _run(tmp):
         last = rt.last[meid0]
         peak = {k: v for k, v in last.values.items() if not k.startswith("GPU.DeadlineMiss")}
         peak.update({"GPU.SmUsed.Max": gpu0, "GPU.SmUsed.Mean": float(gpu0)})
+        # a compute-aware node's policy inputs peak with it (the weaver policy sizes E on them, issue 14)
+        peak.update({k: gpu0 for k in ("GPU.SmOffered.Max", "GPU.SmNonDeferrable.Max") if k in peak})
         base = rt.grant_sms
         assert base > 0
         await sender.close()        # a new connection: the xApp holds back one that sent many bad frames
