@@ -1,11 +1,14 @@
 # The two commands a fresh clone needs (each sets itself up; re-runs are cheap):
 #   make up     -> weaver up on the embedded default (testbed + mini-RIC + xApp + agents + dashboard)
-#   make test   -> ruff + the whole test suite in both venvs
-.PHONY: up test venvs lint
+#   make test   -> scripts/test: provision (system packages, Redis), venvs, ruff, the whole suite in both venvs
+.PHONY: up test venvs lint provision
 ARGS ?=
 
 venvs:
 	@scripts/bootstrap all
+
+provision:
+	@scripts/provision
 
 up: venvs
 	.venv-xapp/bin/weaver up $(ARGS)
@@ -13,5 +16,5 @@ up: venvs
 lint: venvs
 	.venv-xapp/bin/ruff check .
 
-test: venvs
+test:
 	scripts/test $(ARGS)
