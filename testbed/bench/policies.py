@@ -24,24 +24,25 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from testbed import scenarios as named
-from testbed.model import PhyCost, RanModel, Scenario, bytes_per_prb
-from testbed.model.ran import DELAY_BINS, PeriodReport
-from testbed.model.training import StepCostModel
-from xapp.policy import (
-    OraclePolicy,
-    QuotaCost,
-    ReactivePolicy,
-    SiteHistory,
-    SiteObservation,
-    StaticPolicy,
-    WeaverPolicy,
-    floor_to,
+from testbed.bench.liveloop import (
+    DEFAULT_RTT_MS,
+    DRIVER,
+    LiveLoop,
+    LoopTally,
+    check_rtt,
+    replay_trace,
+    xapp_config,
 )
+from testbed.model import PhyCost, RanModel, Scenario, bytes_per_prb
+from testbed.model.ran import DELAY_BINS
+from testbed.model.training import StepCostModel
+from xapp.config import XappConfig
+from xapp.policy import QuotaCost, StaticPolicy, floor_to
 
 ARMS = ("static", "reactive", "weaver-envelope", "weaver-quota", "oracle")
 TARGET = 1e-5
@@ -50,11 +51,11 @@ DRAIN_PERIODS = 5  # caps lifted at the end; what is still queued after this is 
 
 @dataclass
 class RunRecord:
-    """One simulation of a scenario: per-slot demand (ceil SMs, uint8) and per-period observations."""
+    """One simulation of a scenario: per-slot demand (ceil SMs, uint8), the loop's grants and, for an
+    unshaped run, the KPM bytes every node sent (the trace the unshaped arms replay)."""
 
     demand: np.ndarray  # (P, T, S) uint8, ceil of per-slot SMs
     period_max: np.ndarray  # (P, S)
-    observations: list  # [P][S] SiteObservation
     envelopes: np.ndarray  # (P, S) E each period was run under (0 = none)
     delay_hist: np.ndarray
     served_bytes: np.ndarray
@@ -63,6 +64,9 @@ class RunRecord:
     plot: np.ndarray  # (T_plot, S) float demand of the first periods, for plots
     sized: np.ndarray | None = None  # (P, S) E each period's weaver grant was sized for (0 = none)
     in_flight_bytes: float = 0.0  # still queued at the end (MAC + compute-aware stage)
+    grants: np.ndarray | None = None  # (P, S) the live loop's lease for each period (shaped runs)
+    trace: list | None = None  # [P] of (meid, RICindication bytes): what the nodes sent (unshaped runs)
+    tally: LoopTally | None = None
 
 
 def quota_cost(scenario: Scenario) -> QuotaCost:
@@ -74,36 +78,24 @@ def quota_cost(scenario: Scenario) -> QuotaCost:
     return QuotaCost(dl_sms_per_prb=dl, ul_sms_per_prb=ul, cell_prbs=cell.prbs)
 
 
-def observe(rep: PeriodReport, scenario: Scenario, s: int, now: float) -> SiteObservation:
-    site = scenario.sites[s]
-    be_prb = np.maximum(rep.slice_prb_used_dl[s, :, 1], rep.slice_prb_used_ul[s, :, 1])
-    return SiteObservation(
-        site_id=s, now=now, gpu_sms=site.gpu_sms, granularity=site.granularity, period_s=rep.period_s,
-        demand_mean=float(rep.sm_mean[s]), demand_max=float(rep.sm_max[s]),
-        prb_util=tuple(float(x) for x in rep.prb_util_dl[s]), fresh=True,
-        offered_mean=float(rep.offered_mean[s]), offered_max=float(rep.offered_max[s]),
-        nondeferrable_max=float(rep.nondeferrable_max[s]), be_delay_ms=float(rep.added_delay_max_ms[s]),
-        be_deferred_bytes=float(rep.deferred_bytes[s]),
-        be_delay_budget_ms=site.slices[1].delay_budget_ms, be_prb_per_cell=tuple(float(x) for x in be_prb),
-        n_cells=scenario.n_cells)
-
-
-def simulate(scenario: Scenario, seed: int, n_periods: int, shaping: str | None, plot_periods: int = 20,
-             progress=None, track_delay: bool = True) -> RunRecord:
-    """Run the RAN for n_periods; with `shaping` the weaver policy (guard irrelevant here) drives the
-    envelope or quotas in the loop, as the xApp would (decision after period p applies to p + 1)."""
+def simulate(scenario: Scenario, seed: int, n_periods: int, cfg: XappConfig | None = None, plot_periods: int = 20,
+             progress=None, track_delay: bool = True, rtt_s: float = DEFAULT_RTT_MS / 1000.0,
+             record_trace: bool = False) -> RunRecord:
+    """Run the RAN for n_periods. With `cfg`, the live loop (`testbed.bench.liveloop`) runs the xApp on it:
+    the nodes' KPM in, its RC controls applied by the nodes, its grants recorded (the tick at the end of
+    period p decides period p + 1). Without, the RAN runs unshaped; `record_trace` keeps the KPM bytes its
+    nodes send, for the unshaped arms to replay through the same loop."""
     model = RanModel(scenario, seed, track_delay=track_delay)
-    S, T = scenario.n_sites, scenario.period_slots
-    policy = WeaverPolicy(mode=shaping, cost=quota_cost(scenario)) if shaping else None
-    hist = [SiteHistory() for _ in range(S)]
+    S, T, D = scenario.n_sites, scenario.period_slots, scenario.period_s
+    live = LiveLoop(cfg, scenario, model, rtt_s) if cfg is not None else \
+        LiveLoop(xapp_config(scenario, "reactive"), scenario, model, rtt_s) if record_trace else None
     demand = np.zeros((n_periods, T, S), dtype=np.uint8)
     pmax = np.zeros((n_periods, S))
     envs = np.zeros((n_periods, S))
     sized = np.zeros((n_periods, S))
-    obs_all = []
+    grants = np.zeros((n_periods, S), dtype=int)
+    trace = [] if record_trace else None
     plot = []
-    controls = 0
-    last_caps: dict[int, tuple] = {}
     demand_sum = 0.0
     for p in range(n_periods):
         envs[p] = np.where(np.isfinite(model.envelope), model.envelope, 0)
@@ -113,27 +105,20 @@ def simulate(scenario: Scenario, seed: int, n_periods: int, shaping: str | None,
         demand_sum += float(rep.demand.sum())
         if p < plot_periods:
             plot.append(rep.demand)
-        now = model.slot * 0.0005
-        obs = [observe(rep, scenario, s, now) for s in range(S)]
-        obs_all.append(obs)
-        if policy is not None:
-            for s in range(S):
-                d = policy.decide(obs[s], hist[s])
-                hist[s].record(obs[s], d)
+        now = (p + 1) * D
+        if live is not None:
+            inds = live.indications(rep, now)
+            if trace is not None:
+                trace.append(inds)
+            if cfg is not None:
+                live.tick(now, inds)
                 if p + 1 < n_periods:
-                    sized[p + 1, s] = d.sized_for_sms or 0
-                if shaping == "envelope":
-                    if d.envelope_sms != (model.envelope[s] if np.isfinite(model.envelope[s]) else None):
-                        model.set_envelope(s, d.envelope_sms)
-                        controls += 1
-                elif d.caps and last_caps.get(s) != d.caps:
-                    be = scenario.sites[s].slices[1]
-                    for cap in d.caps:
-                        model.set_slice_quota(s, cap.cell, be.sst, be.sd, 0, cap.be_max_ratio, 0)
-                        controls += 1
-                    last_caps[s] = d.caps
+                    grants[p + 1] = live.grant_row()
+                    sized[p + 1] = live.sized_row()
         if progress:
             progress(1)
+    if cfg is not None:
+        live.flush(n_periods * D + 1.0)      # replies still in flight reach the loop (its tally)
     # Drain: lift every cap and run on until deferred work is served, for the conservation check.
     for s in range(S):
         model.set_envelope(s, None)
@@ -152,27 +137,12 @@ def simulate(scenario: Scenario, seed: int, n_periods: int, shaping: str | None,
                       + float(model.q_ul.sum()) * cu.work_per_byte * 2.5 / cu.budget_us)
     in_flight_bytes = float((model.q_dl + model.q_ul).sum()) + sum(
         b.total / cd.work_per_byte for b in model.backlog_dl) + sum(b.total / cu.work_per_byte for b in model.backlog_ul)
-    return RunRecord(demand=demand, period_max=pmax, observations=obs_all, envelopes=envs,
+    return RunRecord(demand=demand, period_max=pmax, envelopes=envs,
                      delay_hist=model.delay_hist.copy(), served_bytes=model.served_bytes.copy(),
-                     demand_sum=demand_sum + in_flight_work, controls=controls, in_flight_bytes=in_flight_bytes,
-                     plot=np.concatenate(plot) if plot else np.zeros((0, S)),
-                     sized=sized)
-
-
-def replay(policy, run: RunRecord, scenario: Scenario, oracle_next: np.ndarray | None = None) -> np.ndarray:
-    """Grants (P, S) the policy issues over a recorded run: grant[p] is decided from period p - 1."""
-    P, S = run.period_max.shape
-    grants = np.zeros((P, S), dtype=int)
-    hist = [SiteHistory() for _ in range(S)]
-    for p in range(P - 1):
-        for s in range(S):
-            obs = run.observations[p][s]
-            if oracle_next is not None:
-                obs = replace(obs, oracle_next_max=float(oracle_next[p + 1, s]))
-            d = policy.decide(obs, hist[s])
-            hist[s].record(obs, d)
-            grants[p + 1, s] = d.grant_sms
-    return grants
+                     demand_sum=demand_sum + in_flight_work, controls=live.tally.controls if cfg is not None else 0,
+                     in_flight_bytes=in_flight_bytes, plot=np.concatenate(plot) if plot else np.zeros((0, S)),
+                     sized=sized, grants=grants if cfg is not None else None, trace=trace,
+                     tally=live.tally if cfg is not None else None)
 
 
 def weaver_grants(run: RunRecord, scenario: Scenario, guard: int) -> np.ndarray:
@@ -238,12 +208,47 @@ def account(grants: np.ndarray, run: RunRecord, scenario: Scenario, step: StepCo
 
 def tune(make, knobs, run: RunRecord, scenario: Scenario, step: StepCostModel):
     """The most aggressive knob (first in `knobs`) whose calibration training-attributable miss rate meets
-    the target (the last knob, the most conservative, if none does)."""
-    for k in knobs:
-        res = account(make(k), run, scenario, step)
-        if res.training_miss_rate <= TARGET:
-            return k, res
-    return knobs[-1], account(make(knobs[-1]), run, scenario, step)
+    the target (the last knob, the most conservative, if none does). The miss rate falls as the knob grows,
+    so the knobs are bisected: each look is one run of the live loop. `make(k)` -> (grants, run)."""
+    seen: dict[int, tuple] = {}
+
+    def look(i: int):
+        if i not in seen:
+            grants, r = make(knobs[i])
+            seen[i] = (account(grants, r or run, scenario, step), grants, r)
+        return seen[i]
+
+    lo, hi = 0, len(knobs) - 1
+    if look(hi)[0].training_miss_rate > TARGET:
+        return knobs[hi], look(hi)[0]
+    while lo < hi:                     # invariant: knobs[hi] meets the target
+        mid = (lo + hi) // 2
+        if look(mid)[0].training_miss_rate <= TARGET:
+            hi = mid
+        else:
+            lo = mid + 1
+    return knobs[hi], look(hi)[0]
+
+
+def tune_from(make, knobs, start: int, run: RunRecord, scenario: Scenario, step: StepCostModel):
+    """`tune` for knobs whose every look is expensive (a whole shaped run): walk from `start` (an offline
+    estimate) down while the target holds, or up until it does."""
+    seen: dict[int, tuple] = {}
+
+    def ok(i: int) -> bool:
+        if i not in seen:
+            grants, r = make(knobs[i])
+            seen[i] = account(grants, r, scenario, step)
+        return seen[i].training_miss_rate <= TARGET
+
+    i = min(max(0, start), len(knobs) - 1)
+    if ok(i):
+        while i > 0 and ok(i - 1):
+            i -= 1
+    else:
+        while i < len(knobs) - 1 and not ok(i):
+            i += 1
+    return knobs[i], seen[i]
 
 
 def delay_quantiles(hist: np.ndarray, shaped: bool) -> dict:
@@ -260,45 +265,69 @@ def delay_quantiles(hist: np.ndarray, shaped: bool) -> dict:
     return out
 
 
-def run_scenario(name: str, n_periods: int, seed: int, step: StepCostModel, progress=None, overrides=None):
+def run_scenario(name: str, n_periods: int, seed: int, step: StepCostModel, progress=None, overrides=None,
+                 rtt_s: float = DEFAULT_RTT_MS / 1000.0):
     sc = named.get(name, **(overrides or {}))
     stats = named.scenario_stats(sc, seed + 7, n_periods=min(n_periods, 100))
+    S = sc.n_sites
+    g = sc.sites[0].granularity
+    gpu = max(s.gpu_sms for s in sc.sites)
+    # Knobs start at one partition step: the config floors (xapp.invariant) refuse anything below.
+    steps = list(range(g, gpu + 1, g))
+    qc = quota_cost(sc)
     runs = {}
     for split, sd in (("calibration", seed), ("evaluation", seed + 1)):
-        for shaping in (None, "envelope", "quota"):
-            # Delays are reported from the evaluation runs only.
-            runs[split, shaping] = simulate(sc, sd, n_periods, shaping, progress=progress,
-                                            track_delay=split == "evaluation")
-    S = sc.n_sites
-    gpu = max(s.gpu_sms for s in sc.sites)
-    steps = list(range(0, gpu + 1, sc.sites[0].granularity))
+        # The unshaped RAN once per split, with the KPM bytes its nodes send: static, reactive and oracle
+        # replay it through the live loop (nothing they decide changes the RAN; a control that would
+        # shape it is refused by the replay's RAN). Delays are reported from the evaluation runs only.
+        runs[split, None] = simulate(sc, sd, n_periods, None, progress=progress, track_delay=split == "evaluation",
+                                     rtt_s=rtt_s, record_trace=True)
+    cal, ev = runs["calibration", None], runs["evaluation", None]
+
+    def unshaped(policy: str, knob, run: RunRecord, oracle: bool = False):
+        grants, tally = replay_trace(xapp_config(sc, policy, knob, quota=qc), sc, run.trace, rtt_s,
+                                     oracle_peaks=run.period_max if oracle else None)
+        if progress:
+            progress(n_periods)
+        return grants, tally
+
     arms = {}
-    # static: reservation from the calibration trace's per-slot demand
-    cal = runs["calibration", None]
-    reserve = StaticPolicy.reservation_for(cal.demand, sc.sites[0].granularity, TARGET)
+    # static: from the reservation the calibration trace's per-slot demand asks for, upwards
+    reserve = StaticPolicy.reservation_for(cal.demand, g, TARGET)
     static_knobs = [r for r in steps if r >= reserve] or [steps[-1]]
-    k, cres = tune(lambda r: replay(StaticPolicy(r), cal, sc), static_knobs, cal, sc, step)
-    arms["static"] = ({"reserve_sms": k}, cres, replay(StaticPolicy(k), runs["evaluation", None], sc), None)
-    k, cres = tune(lambda m: replay(ReactivePolicy(m), cal, sc), steps, cal, sc, step)
-    arms["reactive"] = ({"margin_sms": k}, cres, replay(ReactivePolicy(k), runs["evaluation", None], sc), None)
+    k, cres = tune(lambda r: (unshaped("static", r, cal)[0], None), static_knobs, cal, sc, step)
+    arms["static"] = ({"reserve_sms": k}, cres, *unshaped("static", k, ev), None)
+    k, cres = tune(lambda m: (unshaped("reactive", m, cal)[0], None), steps, cal, sc, step)
+    arms["reactive"] = ({"margin_sms": k}, cres, *unshaped("reactive", k, ev), None)
     for mode in ("envelope", "quota"):
-        cal_w = runs["calibration", mode]
-        k, cres = tune(lambda g, r=cal_w: weaver_grants(r, sc, g), steps, cal_w, sc, step)
-        arms[f"weaver-{mode}"] = ({"guard_sms": k}, cres, weaver_grants(runs["evaluation", mode], sc, k), mode)
-    ev = runs["evaluation", None]
-    oracle = replay(OraclePolicy(), ev, sc, oracle_next=ev.period_max)
-    arms["oracle"] = ({}, account(replay(OraclePolicy(), cal, sc, oracle_next=cal.period_max), cal, sc, step),
-                      oracle, None)
+        amode = "quota" if mode == "quota" else "auto"
+
+        def shaped(guard, sd=seed, track=False, m=amode):
+            r = simulate(sc, sd, n_periods, xapp_config(sc, "weaver", guard, m, qc), progress=progress,
+                         track_delay=track, rtt_s=rtt_s)
+            return r.grants, r
+
+        # Every look is a whole shaped run of the loop: start where the envelope of a first run (guard
+        # one step) says the guard lies (grants C - E - guard, recomputed offline), then walk.
+        first = shaped(g)[1]
+        k0, _ = tune(lambda gd, r=first: (weaver_grants(r, sc, gd), r), steps, first, sc, step)
+        k, cres = tune_from(shaped, steps, steps.index(k0), first, sc, step)
+        runs["evaluation", mode] = shaped(k, seed + 1, True)[1]
+        arms[f"weaver-{mode}"] = ({"guard_sms": k}, cres, runs["evaluation", mode].grants,
+                                  runs["evaluation", mode].tally, mode)
+    oracle, tally = unshaped("oracle", None, ev, oracle=True)
+    arms["oracle"] = ({}, account(unshaped("oracle", None, cal, oracle=True)[0], cal, sc, step), oracle, tally, None)
     result = {"description": sc.description, "load": asdict(stats), "partition": sc.partition,
               "reconfig_s": sc.reconfig_s, "sites": S, "period_s": sc.period_s,
               "slots_per_arm": int(n_periods * sc.period_slots * S), "calibration_seed": seed,
               "evaluation_seed": seed + 1, "arms": {}}
     base_delay = delay_quantiles(ev.delay_hist, False)
-    for arm, (knob, cres, grants, mode) in arms.items():
+    for arm, (knob, cres, grants, tally, mode) in arms.items():
         run = runs["evaluation", mode]
         res = account(grants, run, sc, step)
         entry = {**asdict(res), "knob": knob, "calibration_miss_rate": cres.training_miss_rate,
-                 "rc_controls": run.controls if mode else 0}
+                 "rc_controls": tally.controls, "driver": DRIVER, "ack_delay_ms": rtt_s * 1000.0,
+                 "loop": {**asdict(tally), "rc_controls_acked": tally.acks, "rc_controls_failed": tally.failures}}
         entry.update(delay_quantiles(run.delay_hist, mode == "envelope") if mode else base_delay)
         result["arms"][arm] = entry
     a = result["arms"]
@@ -339,14 +368,18 @@ class Progress:
         self.total, self.done, self.stream, self.t0 = total, 0, stream, time.monotonic()
 
     def __call__(self, n: int = 1, label: str = "") -> None:
-        self.done += n
-        if self.done % 20 and self.done != self.total:
+        before, self.done = self.done, self.done + n
+        if self.done // 20 == before // 20 and self.done < self.total:
             return
-        frac = self.done / self.total
+        frac = min(1.0, self.done / self.total)
         bar = "#" * int(30 * frac)
         self.stream.write(f"\r[{bar:<30}] {100 * frac:5.1f}% {time.monotonic() - self.t0:6.1f}s")
-        if self.done >= self.total:
-            self.stream.write("\n")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        self.done = max(self.done, self.total)
+        self(0)
+        self.stream.write("\n")
         self.stream.flush()
 
 
@@ -367,6 +400,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--periods", type=int, default=None, help="periods per run (overrides the plan)")
     parser.add_argument("--json", default=None, help="write results here")
     parser.add_argument("--plots", default=None, help="write PNG plots into this directory")
+    parser.add_argument("--ack-delay-ms", type=float, default=DEFAULT_RTT_MS,
+                        help=f"E2 round trip: RC control -> ACK, and lease -> agent release (default {DEFAULT_RTT_MS:g})")
 
 
 def run(args) -> int:
@@ -376,15 +411,19 @@ def run(args) -> int:
         todo = {k: v for k, v in todo.items() if k in args.scenarios}
     if args.periods:
         todo = {k: (args.periods, o) for k, (_, o) in todo.items()}
-    progress = Progress(sum(6 * n for n, _ in todo.values()))
+    rtt_s = check_rtt(args.ack_delay_ms)
+    # In periods run (model or replay); the guard search's length is not known up front: an estimate.
+    progress = Progress(sum(22 * n for n, _ in todo.values()))
     t0 = time.monotonic()
     results = {}
     for name, (n, over) in todo.items():
-        results[name] = run_scenario(name, n, args.seed, step, progress, over)
+        results[name] = run_scenario(name, n, args.seed, step, progress, over, rtt_s=rtt_s)
+    progress.finish()
     wall = time.monotonic() - t0
     print(format_table(results))
     print(f"seed {args.seed}; miss target {TARGET:g} of slots (miss rate: caused by the grant; overload: the RAN "
-          f"alone over the GPU); wall {wall:.1f} s")
+          f"alone over the GPU); every arm driven by {DRIVER} (the weaver-xapp loop), RC ACK and lease release "
+          f"{rtt_s * 1000:g} ms after the decision; wall {wall:.1f} s")
     if args.plots:
         from testbed.bench.policy_plots import write_plots
         for path in write_plots(results, args.plots):
@@ -393,7 +432,7 @@ def run(args) -> int:
         clean = {k: {kk: vv for kk, vv in v.items() if kk != "_plot"} for k, v in results.items()}
         with open(args.json, "w") as f:
             json.dump({"benchmark": "policies", "seed": args.seed, "quick": args.quick, "target_miss_rate": TARGET,
-                       "wall_s": wall, "step_model": asdict(step), "scenarios": clean}, f, indent=1)
+                       "driver": DRIVER, "ack_delay_ms": rtt_s * 1000.0, "wall_s": wall, "step_model": asdict(step), "scenarios": clean}, f, indent=1)
     return 0
 
 

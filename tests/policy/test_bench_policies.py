@@ -1,5 +1,6 @@
-"""`weaver bench policies` in a reduced quick mode: runs through the CLI, writes JSON and plots, and
-its accounting holds (no timing asserts)."""
+"""`weaver bench policies` in a reduced quick mode: runs through the CLI, writes JSON and plots, every
+arm ran the live loop (`xapp.loop.step`) with the stated ACK delay, and its accounting holds (no timing
+asserts)."""
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ from testbed.model.training import StepCostModel
 def result(tmp_path_factory, xapp_python, repo_root):
     out = tmp_path_factory.mktemp("bench")
     cmd = [str(xapp_python), "-m", "testbed.cli", "bench", "policies", "--quick", "--periods", "40",
-           "--scenarios", "heavy-small-gpu", "slow-partition", "--json", str(out / "p.json"), "--plots", str(out / "plots")]
+           "--scenarios", "heavy-small-gpu", "slow-partition", "--ack-delay-ms", "12", "--json", str(out / "p.json"), "--plots", str(out / "plots")]
     proc = subprocess.run(cmd, cwd=repo_root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads((out / "p.json").read_text()), proc.stdout, out
@@ -26,6 +27,7 @@ def result(tmp_path_factory, xapp_python, repo_root):
 def test_json_has_the_self_describing_keys_for_every_scenario_and_arm(result):
     data, stdout, out = result
     assert data["target_miss_rate"] == 1e-5 and data["quick"] is True
+    assert data["driver"] == "xapp.loop.step" and data["ack_delay_ms"] == pytest.approx(12.0)
     for name in ("heavy-small-gpu", "slow-partition"):
         sc = data["scenarios"][name]
         assert set(sc["arms"]) == set(bench.ARMS)
@@ -34,6 +36,12 @@ def test_json_has_the_self_describing_keys_for_every_scenario_and_arm(result):
                         "best_effort_delay_p99_ms", "protected_delay_p99_ms", "knob", "calibration_miss_rate"):
                 assert key in arm
             assert arm["used_sm_s"] <= arm["granted_sm_s"] + 1e-9
+            # every arm, baselines included, was decided by the live loop and paid the same round trip
+            assert arm["driver"] == "xapp.loop.step" and arm["ack_delay_ms"] == pytest.approx(12.0)
+            assert arm["loop"]["steps"] > 0 and arm["loop"]["rc_controls_failed"] == 0
+        for mode in ("weaver-envelope", "weaver-quota"):   # the shaped arms' controls went to the nodes, acked
+            loop = sc["arms"][mode]["loop"]
+            assert loop["controls"] > 0 and loop["rc_controls_acked"] == loop["controls"]
         for key in ("weaver_vs_reactive_usable_ratio", "weaver_vs_oracle_usable_ratio", "load", "partition"):
             assert key in sc
         assert sc["load"]["cells_per_gpu"] > 0
@@ -42,7 +50,7 @@ def test_json_has_the_self_describing_keys_for_every_scenario_and_arm(result):
             assert sc["conservation"][mode]["served_bytes_rel_error"] < 1e-6
             assert sc["conservation"][mode]["ran_work_rel_error"] < 1e-6
     assert data["scenarios"]["slow-partition"]["reconfig_s"] == pytest.approx(0.3)
-    assert "weaver/reactive" in stdout
+    assert "weaver/reactive" in stdout and "driven by xapp.loop.step" in stdout and "12 ms" in stdout
     assert sorted(p.name for p in (out / "plots").iterdir()) == sorted(
         [f"{n}_{k}.png" for n in ("heavy-small-gpu", "slow-partition") for k in ("demand_envelope_lease", "delay_cdf")]
         + ["usable_spare_utilisation.png"])
@@ -54,7 +62,7 @@ def test_accounting_counts_misses_usable_and_reconfiguration_exactly():
     P, T = 4, sc1.period_slots
     demand = np.full((P, T, 1), 20, dtype=np.uint8)
     demand[2, 5, 0] = 40  # one slot at 40 SMs in period 2
-    run = bench.RunRecord(demand=demand, period_max=demand.max(axis=1).astype(float), observations=[],
+    run = bench.RunRecord(demand=demand, period_max=demand.max(axis=1).astype(float),
                           envelopes=np.zeros((P, 1)), delay_hist=np.zeros((2, 2, 1)), served_bytes=np.zeros(1),
                           demand_sum=0.0, controls=0, plot=np.zeros((0, 1)))
     grants = np.array([[0], [24], [24], [16]])
