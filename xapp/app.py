@@ -4,8 +4,8 @@ broker and the REST API. This is the I/O shell; every decision is made by `xapp.
 Start: config -> SDL snapshot (+1 broker epoch) -> RMR endpoint -> REST (health, notifications) ->
 broker -> node discovery and subscriptions (reusing the SubscriptionIds SDL remembers, so a restart
 neither duplicates nor leaks them) -> the loop task. SubMgr's list is audited on a period and when a
-node's KPM goes silent: a subscription it lost (deleted by any client, or a SubMgr restart) is made again,
-and readiness is false until it is (`xapp.subaudit`). Stop (SIGTERM/SIGINT): revoke every lease first,
+node's KPM goes silent: a subscription it lost (deleted by any client, or a SubMgr restart) is made again
+(`xapp.subaudit`); readiness reports it but gates on RMR and SDL only (READY_GATES). Stop (SIGTERM/SIGINT): revoke every lease first,
 then delete the subscriptions (unless told to keep them), then close. Nothing here sleeps on a fixed
 schedule: the loop task waits for the next RMR message or `next_deadline`, whichever comes first.
 """
@@ -105,6 +105,7 @@ class Counters:
     resubscriptions: int = 0          # subscriptions made again because SubMgr lost them or KPM went silent
     rmr_dropped: dict = field(default_factory=dict)   # reason -> RMR frames dropped undecoded (oversize, throttled)
     subscription_audits: int = 0      # checks of SubMgr's list that got an answer
+    appmgr_registered: int = 0        # 1 once appmgr accepted our registration (xapp.appmgr)
 
 
 @dataclass
@@ -149,10 +150,15 @@ def supported_measurements(definition: bytes, version: KpmVersion) -> frozenset[
     return frozenset(style.meas_names) if style is not None and style.meas_names else None
 
 
-# Readiness parts that are reported but do not gate /health/ready: a follower replica is ready, or a
-# rolling update (the new replica must be ready before the old one, which holds the leader lease, stops)
-# would deadlock.
-REPORTED_ONLY = frozenset({"leader"})
+# /health/ready gates on the RMR endpoint and SDL only, as both OSC frameworks do. The rest is reported:
+# - subscriptions: the xapp-std chart's Services have no publishNotReadyAddresses, so a pod that is not
+#   ready gets neither SubMgr's notification, rtmgr's routes nor e2term's indications; waiting for them
+#   would deadlock. Their state is at /api/v1/subscriptions and /metrics.
+# - leader: a follower replica is ready, or a rolling update (the new replica must be ready before the
+#   old one, which holds the leader lease, stops) would deadlock.
+# - broker: start() fails if the gRPC server does not bind; agents reach it whether we are ready or not.
+READY_GATES = frozenset({"rmr", "sdl"})
+REPORTED_ONLY = frozenset({"subscriptions", "broker", "leader"})
 
 
 class XappApp:
@@ -237,8 +243,9 @@ class XappApp:
                 "last_audit_unix": self.last_audit_unix, "resubscriptions": self.counters.resubscriptions}
 
     def ready(self) -> bool:
-        """What /health/ready and the appmgr registration gate on (every part but REPORTED_ONLY)."""
-        return all(v for k, v in self.readiness().items() if k not in REPORTED_ONLY)
+        """What /health/ready and the appmgr registration gate on: READY_GATES (RMR and SDL up)."""
+        parts = self.readiness()
+        return all(parts[k] for k in READY_GATES)
 
     # ------------------------------------------------------------------ leadership, lease wait, control ids
     def _wait_out_leases(self, leases: list[LeaseRecord], whose: str, at_least_s: float = 0.0) -> float:

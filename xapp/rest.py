@@ -1,10 +1,12 @@
 """The operator REST API (aiohttp) over a running `XappApp`; thin adapters, one library call each.
 
-Health: `/ric/v1/health/alive`, `/ric/v1/health/ready` (503 with the failing parts until RMR, SDL and
-every subscription are up). SubMgr notifications: `POST /ric/v1/subscriptions/response`. Operator API
-under `/api/v1` (config GET / PUT behind `Authorization: Bearer <token>`; sites; time series; agents;
-controls; KPM subscriptions and their audit; cross-site transfer windows), Prometheus text at `/metrics`, the OpenAPI document at
-`/openapi.json`, and the dashboard's static files from `xapp/static/` under `/static/` (`/` redirects).
+Health: `/ric/v1/health/alive`, `/ric/v1/health/ready` (503 until the RMR endpoint and SDL are up; the
+body also reports subscriptions, broker and leader, which do not gate: `xapp.app.READY_GATES`). SubMgr
+notifications: `POST /ric/v1/subscriptions/response`. Operator API under `/api/v1` (config GET / PUT
+behind `Authorization: Bearer <token>`; sites; time series; agents; controls; KPM subscriptions and their
+audit; cross-site transfer windows), Prometheus text at `/metrics` and `/ric/v1/metrics` (the Go
+framework's path, which the descriptor's scrape annotations name), the OpenAPI document at `/openapi.json`,
+and the dashboard's static files from `xapp/static/` under `/static/` (`/` redirects).
 Every error is JSON `{"error": ...}` with a 4xx status; a refused request changes nothing.
 """
 from __future__ import annotations
@@ -258,6 +260,7 @@ async def metrics(request):
               "# TYPE weaver_subscription_active gauge"]
     lines += [f'weaver_subscription_active{{meid="{st.meid}"}} {int(st.state == "active")}'
               for st in x.sub_status.values()]
+    lines += ["# TYPE weaver_appmgr_registered gauge", f"weaver_appmgr_registered {c.appmgr_registered}"]
     lines += ["# TYPE weaver_agents_connected gauge",
               f"weaver_agents_connected {len(x.broker.sessions) if x.broker else 0}"]
     for name, by_reason in (("registrations", x.broker.refused_registrations if x.broker else {}),
@@ -307,7 +310,7 @@ def openapi_spec() -> dict:
                        "schemas": {"Error": {"type": "object", "properties": {"error": {"type": "string"}}}}},
         "paths": {
             "/ric/v1/health/alive": {"get": op("liveness")},
-            "/ric/v1/health/ready": {"get": op("readiness: RMR, SDL and subscriptions up",
+            "/ric/v1/health/ready": {"get": op("readiness: RMR and SDL up (subscriptions, broker, leader reported)",
                                                {"200": {"description": "ready"}, "503": {"description": "not ready"}})},
             "/ric/v1/subscriptions/response": {"post": op("SubMgr subscription notification",
                                                           {"200": {"description": "accepted"},
@@ -331,6 +334,7 @@ def openapi_spec() -> dict:
             "/api/v1/transfers": {"get": op("planned cross-site transfer windows (site, bytes, deadline, round)")},
             "/api/v1/rounds": {"get": op("cross-site round reports per site (committed, tokens, bytes, wait)")},
             "/metrics": {"get": op("Prometheus metrics")},
+            "/ric/v1/metrics": {"get": op("Prometheus metrics (the same as /metrics)")},
         },
     }
 
@@ -403,6 +407,7 @@ def build_app(x: XappApp) -> web.Application:
     r.add_get("/api/v1/transfers", transfers)
     r.add_get("/api/v1/rounds", rounds)
     r.add_get("/metrics", metrics)
+    r.add_get("/ric/v1/metrics", metrics)      # the Go xapp-frame's path; prometheus.io/path in the descriptor
     r.add_get("/openapi.json", openapi)
     r.add_get("/", index)
     if STATIC.is_dir():

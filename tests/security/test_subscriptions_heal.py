@@ -84,7 +84,7 @@ async def _bed(tmp: Path, discovery: str):
     x = XappApp(load_config(_config(tb, tmp, rmr_port, discovery)))
     await x.start(rest_port=0, broker_listen="127.0.0.1:0")
     agent = LeaseClient(x.broker.port, "site-0").start()
-    await until(lambda: x.ready(), 20, "ready")
+    await until(lambda: x.ready() and x.readiness()["subscriptions"], 20, "ready and subscribed")
     await until(lambda: [le for _, le in agent.leases() if le.sm_count > 0], 20, "a first grant")
     return tb, x, agent
 
@@ -103,7 +103,7 @@ async def _heals(x: XappApp, tb: SimBed, agent: LeaseClient, lose, how: str) -> 
         noticed = trace.first(False, t_lost) - t_lost
         assert noticed <= AUDIT_PERIOD_S + 1.5, noticed
         # ... then true again with a new subscription, made by the xApp itself.
-        await until(lambda: trace.first(True, t_lost + noticed) is not None and x.ready(), 15, "a new subscription")
+        await until(lambda: trace.first(True, t_lost + noticed) is not None and x.readiness()["subscriptions"], 15, "a new subscription")
         new = x.subscriptions[meid]
         assert new.subscription_id != old.subscription_id or new.e2_event_instance_id != old.e2_event_instance_id
         st, live = await _get(tb.sim.ric.submgr_url + "/subscriptions")
@@ -137,7 +137,7 @@ async def _hostile_delete(tmp: Path, discovery: str) -> None:
         # The periodic audit runs and finds everything in place: nothing is redone, readiness holds.
         a = x.counters.subscription_audits
         await until(lambda: x.counters.subscription_audits >= a + 2, 3 * AUDIT_PERIOD_S + 2, "two audits")
-        assert x.ready() and x.counters.resubscriptions == 0
+        assert x.ready() and x.readiness()["subscriptions"] and x.counters.resubscriptions == 0
         meid = tb.meids[0]
 
         async def delete(old):

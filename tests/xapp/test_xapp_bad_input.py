@@ -39,7 +39,7 @@ async def _bad(tmp, caplog):
     sender = None
     try:
         await x.start(rest_port=0, broker_listen="127.0.0.1:0")
-        await until(lambda: x.ready(), 20, "ready")
+        await until(lambda: x.ready() and x.readiness()["subscriptions"], 20, "ready and subscribed")
         await until(lambda: all(rt.last_view and rt.last_view.fresh for rt in x.state.sites.values()), 10,
                     "fresh sites")
         subs = dict(x.subscriptions)
@@ -106,7 +106,7 @@ async def _bad(tmp, caplog):
         n = x.counters.indications
         await until(lambda: x.counters.indications > n + 2, 5, "indications to keep flowing")
         assert x.counters.indications > good_indications
-        assert x.subscriptions == subs and x.ready()
+        assert x.subscriptions == subs and x.ready() and x.readiness()["subscriptions"]
         assert all(rt.last_view.fresh for rt in x.state.sites.values())
     finally:
         if sender:

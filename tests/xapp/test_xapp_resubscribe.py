@@ -28,7 +28,7 @@ async def _resub(tmp):
     x.resubscribe_after_s = 1.5
     try:
         await x.start(rest_port=0, broker_listen="127.0.0.1:0")
-        await until(lambda: x.ready(), 20, "ready")
+        await until(lambda: x.ready() and x.readiness()["subscriptions"], 20, "ready and subscribed")
         meid = tb.meids[0]
         old = x.subscriptions[meid].subscription_id
         tb.muted.add(meid)
@@ -69,7 +69,7 @@ async def _unsubscribable(tmp):
     x = None
     try:
         await first.start(rest_port=0, broker_listen="127.0.0.1:0")
-        await until(lambda: first.ready(), 20, "ready")
+        await until(lambda: first.ready() and first.readiness()["subscriptions"], 20, "ready and subscribed")
         meid, other = tb.meids[0], tb.meids[1]
         old = {m: r.subscription_id for m, r in first.subscriptions.items()}
         await first.stop()

@@ -154,7 +154,8 @@ class XappProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             status, doc = await self.get("/ric/v1/health/ready")
-            if status == 200:
+            # ready is RMR + SDL (READY_GATES); these tests also need KPM flowing, so the subscriptions too
+            if status == 200 and doc.get("subscriptions"):
                 return doc
             await asyncio.sleep(0.2)
         raise AssertionError(f"xApp not ready: {doc}\n{self.log_path.read_text()[-3000:]}")
