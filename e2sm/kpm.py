@@ -105,10 +105,12 @@ class Snssai:
         return cls(v["sST"][0], int.from_bytes(sd, "big") if sd is not None else None)
 
 
-# MeasurementLabel components besides noLabel and sliceID (asn1tools would silently drop unknown keys).
+# MeasurementLabel components besides noLabel and sliceID (asn1tools would silently drop unknown keys);
+# the last three are the module's extension additions (after its "...").
 LABEL_COMPONENTS = (
     "plmnID", "fiveQI", "qFI", "qCI", "qCImax", "qCImin", "aRPmax", "aRPmin", "bitrateRange", "layerMU-MIMO", "sUM",
     "distBinX", "distBinY", "distBinZ", "preLabelOverride", "startEndInd", "min", "max", "avg",
+    "ssbIndex", "nonGoB-BFmode-Index", "mIMO-mode-Index",
 )
 
 
@@ -186,6 +188,95 @@ class MeasInfo:
         return cls(v["measType"][1], tuple(MeasLabel.from_asn1(i["measLabel"]) for i in v["labelInfoList"]))
 
 
+def _bin_value_to_asn1(x: int | float) -> tuple[str, Any]:
+    return ("valueReal", x) if isinstance(x, float) else ("valueInt", x)
+
+
+def _bin_value_from_asn1(v: tuple[str, Any]) -> int | float:
+    kind, x = v
+    if kind == "valueInt":
+        return x
+    if kind == "valueReal":
+        return float(x)
+    raise E2DecodeError("unknown BinRangeValue extension alternative")
+
+
+@dataclass(frozen=True)
+class BinRange:
+    """BinRangeItem: bin `index` covers start..end; an int bound is valueInt, a float valueReal."""
+
+    index: int
+    start: int | float
+    end: int | float
+
+    def __post_init__(self) -> None:
+        _check_int("binIndex", self.index, 1, 65535)
+        for name in ("start", "end"):
+            x = getattr(self, name)
+            if isinstance(x, bool) or not isinstance(x, (int, float)):
+                raise ValueError(f"bin {name} must be an int or a float, got {x!r}")
+
+    def to_asn1(self) -> dict:
+        return {"binIndex": self.index, "startValue": _bin_value_to_asn1(self.start),
+                "endValue": _bin_value_to_asn1(self.end)}
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> BinRange:
+        return cls(v["binIndex"], _bin_value_from_asn1(v["startValue"]), _bin_value_from_asn1(v["endValue"]))
+
+
+@dataclass(frozen=True)
+class BinRangeDef:
+    """BinRangeDefinition of a distribution measurement: the X bins, and Y / Z bins when it has them."""
+
+    x: tuple[BinRange, ...]
+    y: tuple[BinRange, ...] | None = None
+    z: tuple[BinRange, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for axis in ("x", "y", "z"):
+            bins = getattr(self, axis)
+            if bins is None and axis != "x":
+                continue
+            for b in _tuple(f"bin range list {axis}", bins):
+                _check_type(f"bin range list {axis}", b, BinRange)
+
+    def to_asn1(self) -> dict:
+        v: dict[str, Any] = {"binRangeListX": [b.to_asn1() for b in self.x]}
+        for axis, key in (("y", "binRangeListY"), ("z", "binRangeListZ")):
+            bins = getattr(self, axis)
+            if bins is not None:
+                v[key] = [b.to_asn1() for b in bins]
+        return v
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> BinRangeDef:
+        def axis(key: str) -> tuple[BinRange, ...] | None:
+            bins = v.get(key)
+            return tuple(BinRange.from_asn1(b) for b in bins) if bins is not None else None
+
+        return cls(tuple(BinRange.from_asn1(b) for b in v["binRangeListX"]), axis("binRangeListY"), axis("binRangeListZ"))
+
+
+@dataclass(frozen=True)
+class DistMeasBinRange:
+    """DistMeasurementBinRangeItem (action definition format 1): one distribution measurement's bins."""
+
+    name: str | int
+    bins: BinRangeDef
+
+    def __post_init__(self) -> None:
+        _check_meas_type(self.name)
+        _check_type("bins", self.bins, BinRangeDef)
+
+    def to_asn1(self) -> dict:
+        return {"measType": _meas_type_to_asn1(self.name), "binRangeDef": self.bins.to_asn1()}
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> DistMeasBinRange:
+        return cls(v["measType"][1], BinRangeDef.from_asn1(v["binRangeDef"]))
+
+
 @dataclass(frozen=True)
 class TestCond:
     """TestCondInfo: a test type (e.g. "gBR", "sNSSAI"), optional expression and value.
@@ -226,54 +317,94 @@ class TestCond:
         return cls(kind, v.get("testExpr"), value)
 
 
-MatchCond = MeasLabel | TestCond
+@dataclass(frozen=True)
+class OrNext:
+    """A matching condition sent with logicalOR present: it is combined with the condition after it by
+    OR rather than AND (MatchingCondItem and, in action definition format 4, MatchingUeCondPerSubItem)."""
+
+    cond: MeasLabel | TestCond
+
+    def __post_init__(self) -> None:
+        _check_type("cond", self.cond, (MeasLabel, TestCond))
 
 
-def _match_cond_to_asn1(c: MatchCond) -> tuple[str, Any]:
-    return ("measLabel", c.to_asn1()) if isinstance(c, MeasLabel) else ("testCondInfo", c.to_asn1())
+MatchCond = MeasLabel | TestCond | OrNext
 
 
-def _match_cond_from_asn1(v: tuple[str, Any]) -> MatchCond:
-    kind, body = v
+def _logical_or(v: dict) -> bool:
+    flag = v.get("logicalOR")
+    if flag is not None and flag != "true":
+        raise E2DecodeError("unknown LogicalOR extension value")
+    return flag is not None
+
+
+def _match_cond_to_asn1(c: MatchCond) -> dict:
+    inner = c.cond if isinstance(c, OrNext) else c
+    choice = ("measLabel", inner.to_asn1()) if isinstance(inner, MeasLabel) else ("testCondInfo", inner.to_asn1())
+    v: dict[str, Any] = {"matchingCondChoice": choice}
+    if isinstance(c, OrNext):
+        v["logicalOR"] = "true"
+    return v
+
+
+def _match_cond_from_asn1(v: dict) -> MatchCond:
+    kind, body = v["matchingCondChoice"]
     if kind == "measLabel":
-        return MeasLabel.from_asn1(body)
-    if kind == "testCondInfo":
-        return TestCond.from_asn1(body)
-    raise E2DecodeError("unknown MatchingCondItem extension alternative")
+        cond: MeasLabel | TestCond = MeasLabel.from_asn1(body)
+    elif kind == "testCondInfo":
+        cond = TestCond.from_asn1(body)
+    else:
+        raise E2DecodeError("unknown MatchingCondItem-Choice extension alternative")
+    return OrNext(cond) if _logical_or(v) else cond
 
 
 def _check_conds(conds: Any) -> None:
     for c in _tuple("matching conditions", conds):
-        if not isinstance(c, (MeasLabel, TestCond)):
-            raise ValueError(f"a matching condition must be MeasLabel or TestCond, got {c!r}")
+        if not isinstance(c, (MeasLabel, TestCond, OrNext)):
+            raise ValueError(f"a matching condition must be MeasLabel, TestCond or OrNext, got {c!r}")
 
 
 @dataclass(frozen=True)
 class MeasCond:
-    """MeasurementCondItem (action definition format 3): a measurement and its matching conditions."""
+    """MeasurementCondItem (action definition format 3): a measurement, its matching conditions and,
+    for a distribution measurement, its bins."""
 
     name: str | int
     conds: tuple[MatchCond, ...]
+    bins: BinRangeDef | None = None
 
     def __post_init__(self) -> None:
         _check_meas_type(self.name)
         _check_conds(self.conds)
+        if self.bins is not None:
+            _check_type("bins", self.bins, BinRangeDef)
 
     def to_asn1(self) -> dict:
-        return {"measType": _meas_type_to_asn1(self.name), "matchingCond": [_match_cond_to_asn1(c) for c in self.conds]}
+        v: dict[str, Any] = {"measType": _meas_type_to_asn1(self.name),
+                             "matchingCond": [_match_cond_to_asn1(c) for c in self.conds]}
+        if self.bins is not None:
+            v["binRangeDef"] = self.bins.to_asn1()
+        return v
 
     @classmethod
     def from_asn1(cls, v: dict) -> MeasCond:
-        return cls(v["measType"][1], tuple(_match_cond_from_asn1(c) for c in v["matchingCond"]))
+        bins = v.get("binRangeDef")
+        return cls(v["measType"][1], tuple(_match_cond_from_asn1(c) for c in v["matchingCond"]),
+                   BinRangeDef.from_asn1(bins) if bins is not None else None)
 
 
 @dataclass(frozen=True)
 class MeasCondUe:
-    """MeasurementCondUEidItem (indication message format 2): conditions plus the matching UEs."""
+    """MeasurementCondUEidItem (indication message format 2): conditions plus the matching UEs.
+
+    `ue_ids_per_gp` is MatchingUEidPerGP: the UEs matched in each granularity period of the report,
+    in order; an empty tuple is that period's noUEmatched.
+    """
 
     name: str | int
     conds: tuple[MatchCond, ...]
     ue_ids: tuple[UeId, ...] | None = None
+    ue_ids_per_gp: tuple[tuple[UeId, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         _check_meas_type(self.name)
@@ -281,6 +412,10 @@ class MeasCondUe:
         if self.ue_ids is not None:
             for u in _tuple("ue_ids", self.ue_ids):
                 check_ue_id("ue_ids", u)
+        if self.ue_ids_per_gp is not None:
+            for period in _tuple("ue_ids_per_gp", self.ue_ids_per_gp):
+                for u in _tuple("ue_ids_per_gp item", period, lo=0):
+                    check_ue_id("ue_ids_per_gp", u)
 
     def to_asn1(self) -> dict:
         v: dict[str, Any] = {
@@ -289,16 +424,33 @@ class MeasCondUe:
         }
         if self.ue_ids is not None:
             v["matchingUEidList"] = [{"ueID": u.to_asn1()} for u in self.ue_ids]
+        if self.ue_ids_per_gp is not None:
+            v["matchingUEidPerGP"] = [
+                {"matchedPerGP": ("oneOrMoreUEmatched", [{"ueID": u.to_asn1()} for u in p]) if p
+                 else ("noUEmatched", "true")}
+                for p in self.ue_ids_per_gp
+            ]
         return v
 
     @classmethod
     def from_asn1(cls, v: dict) -> MeasCondUe:
         ues = v.get("matchingUEidList")
+        per_gp = v.get("matchingUEidPerGP")
         return cls(
             v["measType"][1],
             tuple(_match_cond_from_asn1(c) for c in v["matchingCond"]),
             tuple(ue_id_from_asn1(u["ueID"]) for u in ues) if ues is not None else None,
+            tuple(_matched_per_gp(p["matchedPerGP"]) for p in per_gp) if per_gp is not None else None,
         )
+
+
+def _matched_per_gp(v: tuple[str, Any]) -> tuple[UeId, ...]:
+    kind, body = v
+    if kind == "noUEmatched" and body == "true":
+        return ()
+    if kind == "oneOrMoreUEmatched":
+        return tuple(ue_id_from_asn1(u["ueID"]) for u in body)
+    raise E2DecodeError("unknown MatchingUEidPerGP-Item extension alternative or value")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,6 +492,7 @@ class ActionDefFormat1:
     meas: tuple[MeasInfo, ...]
     granul_period_ms: int
     cell_global_id: NrCgi | None = None
+    dist_bins: tuple[DistMeasBinRange, ...] | None = None    # distMeasBinRangeInfo (an extension addition)
 
     def __post_init__(self) -> None:
         for m in _tuple("meas", self.meas):
@@ -348,20 +501,27 @@ class ActionDefFormat1:
         _check_int("granulPeriod", self.granul_period_ms, 1, U32)
         if self.cell_global_id is not None and not isinstance(self.cell_global_id, NrCgi):
             raise ValueError("cell_global_id must be an NrCgi")
+        if self.dist_bins is not None:
+            for d in _tuple("dist_bins", self.dist_bins):
+                _check_type("dist_bins", d, DistMeasBinRange)
 
     def to_asn1(self) -> dict:
         v: dict[str, Any] = {"measInfoList": [m.to_asn1() for m in self.meas], "granulPeriod": self.granul_period_ms}
         if self.cell_global_id is not None:
             v["cellGlobalID"] = self.cell_global_id.to_asn1()
+        if self.dist_bins is not None:
+            v["distMeasBinRangeInfo"] = [d.to_asn1() for d in self.dist_bins]
         return v
 
     @classmethod
     def from_asn1(cls, v: dict) -> ActionDefFormat1:
         cgi = v.get("cellGlobalID")
+        dist = v.get("distMeasBinRangeInfo")
         return cls(
             tuple(MeasInfo.from_asn1(m) for m in v["measInfoList"]),
             v["granulPeriod"],
             NrCgi.from_asn1(cgi) if cgi is not None else None,
+            tuple(DistMeasBinRange.from_asn1(d) for d in dist) if dist is not None else None,
         )
 
 
@@ -418,25 +578,31 @@ class ActionDefFormat3:
 class ActionDefFormat4:
     """Measurements of every UE matching common conditions (report style 4)."""
 
-    ue_conds: tuple[TestCond, ...]
+    ue_conds: tuple[TestCond | OrNext, ...]      # OrNext here wraps a TestCond (logicalOR present)
     subscription: ActionDefFormat1
 
     def __post_init__(self) -> None:
         for c in _tuple("ue_conds", self.ue_conds):
-            if not isinstance(c, TestCond):
-                raise ValueError(f"ue_conds must hold TestCond, got {c!r}")
+            if not isinstance(c.cond if isinstance(c, OrNext) else c, TestCond):
+                raise ValueError(f"ue_conds must hold TestCond or OrNext(TestCond), got {c!r}")
         _check_type("subscription", self.subscription, ActionDefFormat1)
 
     def to_asn1(self) -> dict:
-        return {
-            "matchingUeCondList": [{"testCondInfo": c.to_asn1()} for c in self.ue_conds],
-            "subscriptionInfo": self.subscription.to_asn1(),
-        }
+        def item(c: TestCond | OrNext) -> dict:
+            if isinstance(c, OrNext):
+                return {"testCondInfo": c.cond.to_asn1(), "logicalOR": "true"}
+            return {"testCondInfo": c.to_asn1()}
+
+        return {"matchingUeCondList": [item(c) for c in self.ue_conds], "subscriptionInfo": self.subscription.to_asn1()}
 
     @classmethod
     def from_asn1(cls, v: dict) -> ActionDefFormat4:
+        def item(c: dict) -> TestCond | OrNext:
+            cond = TestCond.from_asn1(c["testCondInfo"])
+            return OrNext(cond) if _logical_or(c) else cond
+
         return cls(
-            tuple(TestCond.from_asn1(c["testCondInfo"]) for c in v["matchingUeCondList"]),
+            tuple(item(c) for c in v["matchingUeCondList"]),
             ActionDefFormat1.from_asn1(v["subscriptionInfo"]),
         )
 
@@ -904,11 +1070,27 @@ class ReportableMeas:
 
     name: str
     meas_id: int | None = None
+    bins: BinRangeDef | None = None     # binRangeDef (an extension addition): a distribution's bins
 
     def __post_init__(self) -> None:
         _check_printable("measName", self.name, 1, 150)
         if self.meas_id is not None:
             _check_int("measID", self.meas_id, 1, 65536)
+        if self.bins is not None:
+            _check_type("bins", self.bins, BinRangeDef)
+
+    def to_asn1(self) -> dict:
+        v: dict[str, Any] = {"measName": self.name}
+        if self.meas_id is not None:
+            v["measID"] = self.meas_id
+        if self.bins is not None:
+            v["binRangeDef"] = self.bins.to_asn1()
+        return v
+
+    @classmethod
+    def from_asn1(cls, v: dict) -> ReportableMeas:
+        bins = v.get("binRangeDef")
+        return cls(v["measName"], v.get("measID"), BinRangeDef.from_asn1(bins) if bins is not None else None)
 
 
 @dataclass(frozen=True)
@@ -996,9 +1178,7 @@ def encode_ran_function_description(obj: KpmRanFunctionDescription, version: Kpm
                 "ric-ReportStyle-Type": s.style,
                 "ric-ReportStyle-Name": s.name,
                 "ric-ActionFormat-Type": s.action_format,
-                "measInfo-Action-List": [
-                    {"measName": m.name, **({"measID": m.meas_id} if m.meas_id is not None else {})} for m in s.meas
-                ],
+                "measInfo-Action-List": [m.to_asn1() for m in s.meas],
                 "ric-IndicationHeaderFormat-Type": s.header_format,
                 "ric-IndicationMessageFormat-Type": s.message_format,
             }
@@ -1032,7 +1212,7 @@ def decode_ran_function_description(data: bytes, version: KpmVersion) -> KpmRanF
                     s["ric-ReportStyle-Type"],
                     s["ric-ReportStyle-Name"],
                     s["ric-ActionFormat-Type"],
-                    tuple(ReportableMeas(m["measName"], m.get("measID")) for m in s["measInfo-Action-List"]),
+                    tuple(ReportableMeas.from_asn1(m) for m in s["measInfo-Action-List"]),
                     s["ric-IndicationHeaderFormat-Type"],
                     s["ric-IndicationMessageFormat-Type"],
                 )

@@ -402,6 +402,11 @@ class RcControlAction:
         return out
 
 
+# maxnoofRANOutcomeParameters in the published RC v01.03 module: the control style's outcome list is
+# SIZE(1..255), unlike the other RAN parameter lists (1..65535).
+MAX_OUTCOME_PARAMS = 255
+
+
 @dataclass(frozen=True)
 class RcControlStyle:
     style: int
@@ -423,6 +428,9 @@ class RcControlStyle:
             raise ValueError(f"actions must be a tuple of RcControlAction, got {self.actions!r}")
         if not isinstance(self.outcome_params, tuple) or not all(isinstance(p, RanParamDef) for p in self.outcome_params):
             raise ValueError(f"outcome_params must be a tuple of RanParamDef, got {self.outcome_params!r}")
+        if len(self.outcome_params) > MAX_OUTCOME_PARAMS:
+            raise ValueError(f"at most {MAX_OUTCOME_PARAMS} outcome_params (maxnoofRANOutcomeParameters), "
+                             f"got {len(self.outcome_params)}")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,8 @@ OTHER_LABELS = [
     ("qCI", st.integers(0, 255)),
     ("sUM", st.just("true")),
     ("avg", st.just("true")),
+    ("ssbIndex", st.integers(1, 65535)),               # the extension additions after "..."
+    ("mIMO-mode-Index", st.integers(1, 2)),
 ]
 
 
@@ -71,19 +73,26 @@ test_cond = st.builds(
     st.none() | st.sampled_from(["equal", "greaterthan", "lessthan", "contains", "present"]),
     st.none() | test_value,
 )
-match_cond = meas_label | test_cond
+match_cond = meas_label | test_cond | st.builds(kpm.OrNext, meas_label | test_cond)
 
-fmt1 = st.builds(kpm.ActionDefFormat1, small_tuple(meas_info), st.integers(1, (1 << 32) - 1), st.none() | cgi)
+bin_value = st.integers(-(1 << 40), 1 << 40) | finite
+bin_range = st.builds(kpm.BinRange, st.integers(1, 65535), bin_value, bin_value)
+bin_range_def = st.builds(kpm.BinRangeDef, small_tuple(bin_range), st.none() | small_tuple(bin_range),
+                          st.none() | small_tuple(bin_range))
+dist_bins = st.none() | small_tuple(st.builds(kpm.DistMeasBinRange, meas_name, bin_range_def))
+
+fmt1 = st.builds(kpm.ActionDefFormat1, small_tuple(meas_info), st.integers(1, (1 << 32) - 1), st.none() | cgi,
+                 dist_bins)
 action_format = st.one_of(
     fmt1,
     st.builds(kpm.ActionDefFormat2, ue_id, fmt1),
     st.builds(
         kpm.ActionDefFormat3,
-        small_tuple(st.builds(kpm.MeasCond, meas_name, small_tuple(match_cond))),
+        small_tuple(st.builds(kpm.MeasCond, meas_name, small_tuple(match_cond), st.none() | bin_range_def)),
         st.integers(1, 10_000),
         st.none() | cgi,
     ),
-    st.builds(kpm.ActionDefFormat4, small_tuple(test_cond), fmt1),
+    st.builds(kpm.ActionDefFormat4, small_tuple(test_cond | st.builds(kpm.OrNext, test_cond)), fmt1),
     st.builds(kpm.ActionDefFormat5, small_tuple(ue_id, 2, 3), fmt1),
 )
 action_definition = st.builds(kpm.KpmActionDefinition, st.integers(1, 5), action_format)
@@ -109,7 +118,8 @@ def msg_format1(draw):
 def msg_format2(draw):
     records, incomplete = draw(records_and_incomplete())
     cond_ue = draw(
-        small_tuple(st.builds(kpm.MeasCondUe, meas_name, small_tuple(match_cond), st.none() | small_tuple(ue_id)))
+        small_tuple(st.builds(kpm.MeasCondUe, meas_name, small_tuple(match_cond), st.none() | small_tuple(ue_id),
+                              st.none() | small_tuple(small_tuple(ue_id, 0, 2))))
     )
     return kpm.IndicationMessageFormat2(records, cond_ue, draw(st.none() | st.integers(1, 10_000)), incomplete)
 
@@ -145,7 +155,8 @@ report_style = st.builds(
     st.integers(1, 5),
     printable(1, 30),
     st.integers(1, 5),
-    small_tuple(st.builds(kpm.ReportableMeas, printable(1, 30), st.none() | st.integers(1, 65536)), 1, 4),
+    small_tuple(st.builds(kpm.ReportableMeas, printable(1, 30), st.none() | st.integers(1, 65536),
+                          st.none() | bin_range_def), 1, 4),
     st.integers(1, 2),
     st.integers(1, 3),
 )
