@@ -729,6 +729,21 @@ def shutdown(sup: Supervisor, timeout: float) -> None:
     sup.stop_all(["xapp", "agent", "lighthouse"], timeout)
 
 
+def policy_inputs_summary(p: dict | None) -> dict:
+    """Which policy inputs a site's decisions had and used (the xApp's GET /api/v1/sites policy_inputs,
+    xapp.inputs): `available` the fields its KPM carried (measured), `estimated` those taken from standard
+    counters through the cost model, `used` every field the policy was given, `periods` how many periods
+    were decided on measured / estimated inputs or on none (no decision: revoked)."""
+    if not p:
+        return {"basis": "none", "available": [], "estimated": [], "used": [], "periods": {}}
+    src = p.get("inputs") or {}
+    return {"basis": p.get("basis", "none"), "demand": p.get("demand", "none"),
+            "available": sorted(f for f, s in src.items() if s == "measured"),
+            "estimated": sorted(f for f, s in src.items() if s == "estimated"),
+            "used": sorted(f for f, s in src.items() if s != "absent"),
+            "periods": dict(p.get("periods") or {})}
+
+
 def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: dict, elapsed: float,
                   rounds: RoundsSeen | None = None, lighthouse: str = "") -> dict:
     sites = {}
@@ -767,6 +782,7 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
             "val_loss_end": a.get("val_loss", math.nan),
             "final_envelope_sms": x.get("envelope_sms"),
             "final_grant_sms": x.get("grant_sms"),
+            "policy_inputs": policy_inputs_summary(x.get("policy_inputs")),
         }
         if rounds is not None:
             sites[site_name(i)]["cross_site"] = rounds.site(site_name(i))

@@ -45,6 +45,7 @@ from xapp.agents import AgentBook
 from xapp.broker import LeaseBroker
 from xapp.config import ConfigWatcher, XappConfig
 from xapp.ingest import Ingest, IngestError, KpmRefusal, KpmSample, KpmSubscription, KpmValueError, meas_key
+from xapp.inputs import POLICY_INPUTS
 from xapp.invariant import policy_violations
 from xapp.loop import (
     ControlOutcome,
@@ -127,11 +128,15 @@ def _log_task_death(task: asyncio.Task) -> None:
 
 def kpm_measurements(cfg: XappConfig, site_id: str, supported: frozenset[str] | None = None) -> tuple[MeasInfo, ...]:
     """What we ask every node of a site for: the configured names, plus per-slice PRB counters of the
-    site's declared slices (quota sizing needs the best-effort share). `supported`: the names the node's
-    RAN function description lists for report style 1 (None = unknown: ask for everything)."""
+    site's declared slices (quota sizing needs the best-effort share), plus the compute-aware policy inputs
+    (xapp.inputs POLICY_INPUTS) the node's definition lists. `supported`: the names the node's RAN
+    function description lists for report style 1 (None = unknown: ask for everything configured, but no
+    vendor input a stock node would refuse the whole subscription for)."""
     site = cfg.site(site_id)
     ok = (lambda n: True) if not supported else (lambda n: n in supported or f"{n}.SNSSAI" in supported)
-    out = [MeasInfo(n) for n in cfg.e2.kpm_measurements if ok(n)]
+    names = list(cfg.e2.kpm_measurements)
+    names += [n for n in POLICY_INPUTS if supported and n in supported and n not in names]
+    out = [MeasInfo(n) for n in names if ok(n)]
     if ok("RRU.PrbUsedDl"):
         for s in (*site.protected_slices, *site.best_effort_slices):
             out.append(MeasInfo("RRU.PrbUsedDl", (MeasLabel(Snssai(s.sst, s.sd)),)))

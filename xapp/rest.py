@@ -135,6 +135,7 @@ def site_view(x: XappApp, site_id: str) -> dict:
                                              "seq": lease.lease.seq, "epoch": lease.lease.epoch} if lease else None,
         "demand_mean_sms": _num(est.mean) if est else None, "demand_peak_sms": _num(est.peak) if est else None,
         "estimate_source": est.source if est else "none", "misses_reported": rt.misses,
+        "policy_inputs": {**rt.inputs.as_dict(), "periods": dict(rt.input_periods)},   # xapp.inputs
         "kpm_age_s": ages, "fresh": v.fresh if v else False, "reason": v.reason if v else "",
         "safety": _safety_view(rt, now),
         "agent": agent.reg.agent_id if agent else None, "usage": usage,

@@ -183,6 +183,17 @@
       ...kvItem("conservative", hold, isNum(sf.conservative_for_s) && sf.conservative_for_s > 0)];
   }
 
+  // What the site's decisions rest on (xapp.inputs): offered demand measured by the node, estimated from
+  // standard PRB / GPU counters through the cost model, or none; the best-effort backlog guard runs only
+  // on a measured delay.
+  function inputsText(p) {
+    if (!p || typeof p !== "object") return "-";
+    const i = p.inputs && typeof p.inputs === "object" ? p.inputs : {};
+    const be = i.be_delay_ms === "measured" ? "BE guard on" : "BE guard off";
+    return p.basis === "estimated" ? `estimated from ${p.demand === "model" ? "PRBs" : "GPU counters"}, ${be}`
+      : `${p.basis || "none"}${p.basis === "measured" ? `, ${be}` : ""}`;
+  }
+
   function kvItem(label, value, bad = false) {
     return [el("span", {}, label), el("b", bad ? { class: "bad" } : {}, value)];
   }
@@ -209,6 +220,7 @@
       ...kvItem("granted", `${fmt(v.grant_sms)} SMs`), ...kvItem("lease", lease),
       ...kvItem("used", `${fmt(used, 1)} SMs`), ...kvItem("misses", fmt(v.misses_reported), isNum(v.misses_reported) && v.misses_reported > 0),
       ...kvItem("KPM age", ago(track.kpmAge()), status === "lost" || status === "stale"), ...kvItem("estimate", v.estimate_source || "-"),
+      ...kvItem("policy inputs", inputsText(v.policy_inputs), !!v.policy_inputs && v.policy_inputs.basis !== "measured"),
       ...kvItem("agent", agent), ...kvItem("tokens/s", fmt(tokensPerS(v.usage), 0)),
       ...safetyItems(v.safety),
     );
