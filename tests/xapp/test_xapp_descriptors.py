@@ -126,3 +126,72 @@ def test_setup_cfg_xapp_extra_has_what_the_readme_promises():
     for pkg in ("ricxappframe==3.2.2", "protobuf==3.20.3", "pycrate", "asn1tools", "aiohttp", "jsonschema"):
         assert pkg in extra
     assert "weaver-xapp = xapp.__main__:main" in cfg
+
+
+def test_descriptor_is_ready_for_an_osc_ric():
+    """ric-dep's Prometheus scrapes pods by prometheus.io/* annotations (the xapp-std chart copies the
+    descriptor's `annotations` onto the pod, strings as they are); the chart sets no APP_NAMESPACE and
+    appenv is the pod's environment, where an empty RMR_SEED_RT makes native RMR warn."""
+    from xapp.app import XappApp
+    from xapp.config import XappConfig
+    from xapp.rest import build_app
+
+    ann = DESC["annotations"]
+    assert ann == {"prometheus.io/scrape": "true", "prometheus.io/path": "/ric/v1/metrics",
+                   "prometheus.io/port": "8080"}
+    assert all(isinstance(v, str) for v in ann.values())
+    http = next(p for p in DESC["messaging"]["ports"] if p["name"] == "http")
+    assert ann["prometheus.io/port"] == str(http["port"]) == str(DESC["controls"]["rest"]["port"])
+    served = {r.resource.canonical for r in build_app(XappApp(XappConfig.from_controls(DESC["controls"]))).router.routes()
+              if r.method == "GET"}
+    assert ann["prometheus.io/path"] in served and "/metrics" in served
+    env = DESC["appenv"]
+    assert env["APP_NAMESPACE"] == "ricxapp" and env["PLT_NAMESPACE"] == "ricplt"
+    assert all(isinstance(v, str) and v != "" for v in env.values()), env
+    assert "RMR_SEED_RT" not in env       # the xApp's routes come from rtmgr (the chart sets RMR_RTG_SVC)
+
+
+def _rmr_steps() -> list[str]:
+    """The `&&` steps of the RUN that installs the RMR .deb."""
+    run = next((rest for op, rest in _dockerfile() if op == "RUN" and "dpkg -i" in rest), None)
+    assert run is not None, "no RUN installs the RMR .deb"
+    return [s.strip() for s in run.split("&&")]
+
+
+def _step(steps: list[str], key: str) -> int:
+    found = [i for i, s in enumerate(steps) if key in s]
+    assert found, f"the RMR install step has no {key!r}: {steps}"
+    return found[0]
+
+
+def test_dockerfile_provides_the_unversioned_rmr_library():
+    """ricxappframe loads CDLL("librmr_si.so"); the runtime .deb has only the versioned name. Within the
+    RMR_NATIVE step: dpkg -i, then the librmr_si.so link beside the package's librmr_si.so.<major>, then
+    ldconfig, then a load by exactly that name (so the build fails rather than the pod)."""
+    steps = _rmr_steps()
+    at = {key: _step(steps, key) for key in ("dpkg -i", "dpkg -L rmr", "ln -s", "ldconfig", 'CDLL("librmr_si.so")')}
+    assert at["dpkg -i"] < at["dpkg -L rmr"] < at["ln -s"] < at["ldconfig"] < at['CDLL("librmr_si.so")']
+    assert "/librmr_si[.]so[.][0-9]*$" in steps[at["dpkg -L rmr"]]
+    assert 'ln -s "${so##*/}" "${so%.*}"' in steps[at["ln -s"]]
+
+
+@pytest.mark.parametrize("deb_has_link", [False, True])
+def test_dockerfile_link_step_runs(tmp_path, deb_has_link):
+    """The Dockerfile's own shell text, run with `dpkg -L rmr` answering a 4.9.4 runtime package's files
+    laid out under tmp_path: librmr_si.so ends up resolving to the versioned library."""
+    import subprocess
+    lib = tmp_path / "usr" / "local" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "librmr_si.so.4.9.4").write_bytes(b"\x7fELF")
+    (lib / "librmr_si.so.4").symlink_to("librmr_si.so.4.9.4")
+    files = [str(lib), str(lib / "librmr_si.so.4.9.4"), str(lib / "librmr_si.so.4")]
+    if deb_has_link:
+        (lib / "librmr_si.so").symlink_to("librmr_si.so.4")
+        files.append(str(lib / "librmr_si.so"))
+    steps = _rmr_steps()
+    first, last = _step(steps, "dpkg -L rmr"), _step(steps, "ln -s")
+    script = " && ".join(steps[first:last + 1]).replace("dpkg -L rmr", "printf '%s\\n' " + " ".join(files))
+    subprocess.run(["sh", "-c", script], check=True)
+    link = lib / "librmr_si.so"
+    assert link.is_symlink() and link.resolve() == (lib / "librmr_si.so.4.9.4").resolve()
+    assert link.readlink().name == "librmr_si.so.4"        # relative, as OSC images have it
