@@ -69,6 +69,7 @@ class SimConfig:
     speed: float = 1.0  # x real time; 0 = as fast as possible
     epoch_unix: float | None = None  # wall time of slot 0 (indication timestamps); default: start time
     keepalive_s: float | None = 1.0  # E2T health-check interval towards nodes (None: never declare a node lost)
+    notify_interval_s: float = 5.0  # SubMgr's pause between notification tries (xapp-frame's retryDelay)
 
 
 def build_scenario(cfg: SimConfig) -> Scenario:
@@ -107,7 +108,7 @@ class Simulation:
         model = RanModel(scenario, seed=cfg.seed, track_delay=False)
         await asyncio.to_thread(compile_kernels, scenario)  # before any E2 node has a deadline
         ric = await MiniRic.start(cfg.host, cfg.e2term_port, cfg.submgr_rmr_port, cfg.submgr_http_port,
-                                  cfg.xapps, sdl, cfg.route_dir, cfg.keepalive_s)
+                                  cfg.xapps, sdl, cfg.route_dir, cfg.keepalive_s, cfg.notify_interval_s)
         nodes: list[NodeShell] = []
         try:
             for nc in node_configs(scenario, cfg.kpm_version, cfg.rc_table, cfg.node_overrides):

@@ -14,6 +14,7 @@ async `SubmgrClient` adds HTTP with retries and exponential backoff (503 = node 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -234,6 +235,10 @@ class SubmgrClient:
             try:
                 resp = await asyncio.wait_for(fut, timeout_s)
             except TimeoutError:
+                # SubMgr holds the id whatever became of it: delete it (retried while it answers 400, still
+                # in progress) so nothing leaks, then report the failure.
+                with contextlib.suppress(SubmgrError):
+                    await self.unsubscribe(sid)
                 raise SubmgrError(f"subscription {sid} for {spec.meid}: no notification within {timeout_s}s") from None
             finally:
                 self._waiting.pop(sid, None)
@@ -246,13 +251,27 @@ class SubmgrClient:
         return SubscriptionOutcome(subscription_id=sid, e2_event_instance_id=inst.e2_event_instance_id)
 
     async def unsubscribe(self, subscription_id: str) -> bool:
-        """DELETE; True when SubMgr removed it, False when it did not know the id (already gone)."""
-        status, doc = await self._request("DELETE", f"{self.base}/subscriptions/{subscription_id}")
-        if status in (200, 204):
-            return True
-        if status in (400, 404):
-            return False
-        raise SubmgrError(f"unsubscribe {subscription_id}: HTTP {status}: {doc!r}"[:400])
+        """DELETE, as SubMgr answers it (pkg/control/control.go RESTSubscriptionDeleteHandler):
+        - 204: SubMgr deletes it in the background, or does not know the id, or is deleting it already;
+          it is gone either way -> True;
+        - 400: its request is still being handled and nothing was deleted -> retried with backoff for
+          as long as SubMgr may still be at it (E2 timeout x tries), then SubmgrError: not gone;
+        - 404 (not SubMgr's, a proxy's or an older API's): unknown -> False."""
+        url = f"{self.base}/subscriptions/{subscription_id}"
+        budget = self.cfg.e2_timeout_s * (self.cfg.e2_retries + 1) + 2 * self.cfg.backoff_s
+        delay, waited = self.cfg.backoff_s, 0.0
+        while True:
+            status, doc = await self._request("DELETE", url)
+            if status in (200, 204):
+                return True
+            if status == 404:
+                return False
+            if status != 400 or waited >= budget:
+                raise SubmgrError(f"unsubscribe {subscription_id}: HTTP {status}: {doc!r}"[:400])
+            log.info("SubMgr still setting up %s (HTTP 400): DELETE again in %.2fs", subscription_id, delay)
+            await self.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 5.0)
 
     async def list(self, attempts: int | None = None) -> list[dict[str, Any]]:
         """SubMgr's subscriptions. `attempts=1` for a periodic audit: the next period is the retry."""

@@ -21,7 +21,7 @@ from xapp.rmr import RmrEndpoint, RmrError
 from .e2term import E2Termination
 from .rnib import NAMESPACE, RnibWriter, read_nodeb
 from .routes import submgr_route_table, write_route_table, xapp_route_table
-from .submgr import SubscriptionManager, build_app
+from .submgr import NOTIFY_INTERVAL_S, SubscriptionManager, build_app
 
 log = logging.getLogger("weaver.ric")
 
@@ -50,14 +50,16 @@ class MiniRic:
     @classmethod
     async def start(cls, host: str = "127.0.0.1", e2term_port: int = 0, submgr_rmr_port: int = 0,
                     submgr_http_port: int = 0, xapps: tuple[str, ...] = (), sdl: SDLWrapper | None = None,
-                    route_dir: str | Path | None = None, keepalive_s: float | None = 1.0) -> MiniRic:
+                    route_dir: str | Path | None = None, keepalive_s: float | None = 1.0,
+                    notify_interval_s: float = NOTIFY_INTERVAL_S) -> MiniRic:
+        """`notify_interval_s`: the pause between notification tries (SubMgr's 5 s; tests shorten it)."""
         sdl = sdl if sdl is not None else SDLWrapper(use_fake_sdl=True)
         e2t_ep = await RmrEndpoint.open(e2term_port, src_id=host, bind_if=host, env={})
         sm_ep = await RmrEndpoint.open(submgr_rmr_port, src_id=host, bind_if=host, env={})
         sm_ep.load_route_table(submgr_route_table(e2t_ep.src))
         e2term = E2Termination(e2t_ep, submgr=sm_ep.src, rnib=RnibWriter(sdl), xapps=xapps)
         submgr = SubscriptionManager(send=sm_ep.send, is_connected=lambda meid: sdl_connected(sdl, meid),
-                                     routes=e2term.set_subscription_route)
+                                     routes=e2term.set_subscription_route, notify_interval_s=notify_interval_s)
         runner = web.AppRunner(build_app(submgr), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, host, submgr_http_port)

@@ -1,18 +1,29 @@
 """The subscription manager: OSC SubMgr's REST API in front, E2 subscription procedures over RMR behind.
 
-Behaviour follows e2-facts §6:
+Behaviour follows e2-facts §6 and OSC SubMgr's code (ric-plt-submgr pkg/control/control.go and
+registry.go; the notifier is ric-plt-xapp-frame pkg/xapp/subscription.go), difference by difference:
 - `POST /ric/v1/subscriptions` validates the CamelCase body, answers 503 while the node is not
   connected, de-duplicates an identical re-POST by md5 (same SubscriptionId back), and answers
-  **201** `{SubscriptionId, SubscriptionInstances: []}` at once. The outcome follows asynchronously:
-  a POST to `http://<Host>:<HTTPPort>/ric/v1/subscriptions/response` with one instance per
-  subscription detail, `E2EventInstanceId` = the RMR sub_id its indications will carry, or 0 with
-  `ErrorCause`/`ErrorSource` (/`TimeoutType`) on failure.
+  **201** `{SubscriptionId, SubscriptionInstances: null}` at once (SubMgr fills in only the id). A
+  POST naming a `SubscriptionId` it does not hold (or one whose request is still being handled) is
+  **404**; naming one it holds runs the new details under that id. The outcome follows
+  asynchronously: a POST to `http://<Host>:<HTTPPort>/ric/v1/subscriptions/response` with one
+  instance per subscription detail, `E2EventInstanceId` = the RMR sub_id its indications will carry,
+  or 0 with `ErrorCause`/`ErrorSource` (/`TimeoutType`) on failure. A notification is tried up to 10
+  times, `notify_interval_s` (SubMgr: 5 s) apart, and only a 200 answer counts as delivered.
 - E2 side: RIC requestor ID 123, instance ID = the sub_id; one E2 procedure per node at a time;
   `E2TimeoutTimerValue` seconds per try and `E2RetryCount` retries. The indication route (sub_id ->
   the xApp's RMR port) is installed before the request goes out, as rtmgr would be asked to.
-- `DELETE /ric/v1/subscriptions/{id}` runs RICsubscriptionDelete for each E2 subscription and answers
-  204; `GET /ric/v1/subscriptions` lists them. As OSC's, the DELETE asks nothing of the caller: any
-  client that knows (or lists) an id can delete another client's subscription (issue 13 tests on it).
+- `DELETE /ric/v1/subscriptions/{id}` answers **400** and deletes nothing while the subscription's
+  request is still being handled (the caller retries later); otherwise **204** at once -- also for an id
+  it does not know, or one already being deleted -- and runs RICsubscriptionDelete for each E2
+  subscription in the background, so the list holds them until the nodes answered.
+  `GET /ric/v1/subscriptions` lists the E2 subscriptions as SubMgr does: `SubscriptionId` = the E2
+  instance ID (the sub_id), `Meid`, `ClientEndpoint` = the RMR endpoints, `SubscriptionInstances` null;
+  no REST id. The REST ids are listed per node by SubMgr's debug route
+  `GET /ric/v1/get_e2node_rest_subscriptions/{ranName}` (served here too, same shape). As OSC's, the
+  DELETE asks nothing of the caller: any client that knows (or lists) an id can delete another client's
+  subscription (issue 13 tests on it).
 - State is in memory only: `forget_all()` is a restart that lost its store (OSC's SubMgr restores from
   SDL unless its DB went too): every REST subscription and indication route is gone, and no E2 delete
   reaches the nodes, which keep theirs.
@@ -21,6 +32,7 @@ Every bad request gets a 4xx with a JSON body `{"error": "..."}` and changes not
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -46,7 +58,6 @@ from .subscriptions import (
     SubscriptionParams,
     SubscriptionRequestError,
     parse_subscription_params,
-    render_instance,
     render_response,
 )
 
@@ -54,6 +65,8 @@ log = logging.getLogger("weaver.ric.submgr")
 
 REQUESTOR_ID = 123  # OSC submgr's RIC requestor ID
 MAX_SUB_ID = 65535
+# xapp-frame's Subscriber.Notify: subscription.retryCount (10) tries, subscription.retryDelay (5 s) apart.
+NOTIFY_TRIES, NOTIFY_INTERVAL_S = 10, 5.0
 
 
 class NodeNotConnected(Exception):
@@ -61,7 +74,11 @@ class NodeNotConnected(Exception):
 
 
 class UnknownSubscription(KeyError):
-    """No REST subscription with this SubscriptionId (REST 404)."""
+    """A POST names a SubscriptionId that is not held, or is still being handled (REST 404)."""
+
+
+class SubscriptionInProgress(Exception):
+    """A DELETE of a subscription whose request is still being handled (REST 400: retry later)."""
 
 
 @dataclass
@@ -74,7 +91,8 @@ class RestSubscription:
     instances: dict[int, SubscriptionInstance] = field(default_factory=dict)  # by XappEventInstanceId
     sub_ids: dict[int, int] = field(default_factory=dict)  # XappEventInstanceId -> live sub_id
     task: asyncio.Task | None = None
-    deleted: bool = False
+    processed: bool = False      # SubMgr's !SubReqOngoing: set before each detail's notification
+    deleted: bool = False        # SubMgr's SubDelReqOngoing: the background delete has begun
 
 
 RmrSend = Callable[[RmrMessage], Awaitable[object]]
@@ -91,11 +109,13 @@ class SubscriptionManager:
     """
 
     def __init__(self, send: RmrSend, is_connected: Callable[[str], bool],
-                 routes: Callable[[int, str | None], None], notify: Notify | None = None) -> None:
+                 routes: Callable[[int, str | None], None], notify: Notify | None = None,
+                 notify_tries: int = NOTIFY_TRIES, notify_interval_s: float = NOTIFY_INTERVAL_S) -> None:
         self._send = send
         self._is_connected = is_connected
         self._routes = routes
-        self._notify = notify or post_notification
+        self._notify = notify or functools.partial(post_notification, tries=notify_tries,
+                                                   interval_s=notify_interval_s)
         self._subs: dict[str, RestSubscription] = {}
         self._by_digest: dict[str, str] = {}
         self._in_use: set[int] = set()
@@ -108,9 +128,15 @@ class SubscriptionManager:
     # -- REST-facing calls --------------------------------------------------------------------------
 
     def subscribe(self, params: SubscriptionParams) -> tuple[str, bool]:
-        """Accept a validated request; returns (SubscriptionId, created). Raises `NodeNotConnected`."""
+        """Accept a validated request; returns (SubscriptionId, created). Raises `NodeNotConnected`, and
+        `UnknownSubscription` for a `SubscriptionId` not held (or still being handled), as SubMgr's
+        GetOrCreateRestSubscription does."""
         if not self._is_connected(params.meid):
             raise NodeNotConnected(params.meid)
+        if params.subscription_id:
+            named = self._subs.get(params.subscription_id)
+            if named is None or named.deleted or not named.processed:
+                raise UnknownSubscription(params.subscription_id)
         digest = params.digest()
         existing = self._by_digest.get(digest)
         if existing is not None and not self._subs[existing].deleted:
@@ -119,7 +145,13 @@ class SubscriptionManager:
                 # The xApp asked again: it may have lost the first notification, so repeat it.
                 self._background(self._notify_all(sub))
             return existing, False
-        rest_id = params.subscription_id or secrets.token_hex(8)
+        if params.subscription_id:          # new details under a held id (SubMgr reuses the REST subscription)
+            sub = self._subs[params.subscription_id]
+            sub.params, sub.digest, sub.processed = params, digest, False
+            self._by_digest[digest] = sub.subscription_id
+            sub.task = asyncio.ensure_future(self._run_subscribe(sub))
+            return sub.subscription_id, False
+        rest_id = secrets.token_hex(8)
         while rest_id in self._subs:
             rest_id = secrets.token_hex(8)
         sub = RestSubscription(rest_id, params, digest)
@@ -133,20 +165,31 @@ class SubscriptionManager:
         self._tasks.add(task)  # keep a reference until it is done
         task.add_done_callback(self._tasks.discard)
 
-    async def unsubscribe(self, subscription_id: str) -> None:
-        """Delete every E2 subscription of `subscription_id`; raises `UnknownSubscription`."""
+    def unsubscribe(self, subscription_id: str) -> asyncio.Task | None:
+        """SubMgr's RESTSubscriptionDeleteHandler: raises `SubscriptionInProgress` while the request is
+        still being handled (nothing deleted); an unknown id, or one already being deleted, is no error
+        (None). Otherwise the E2 deletes start in the background: returns their task."""
         sub = self._subs.get(subscription_id)
         if sub is None or sub.deleted:
-            raise UnknownSubscription(subscription_id)
+            return None
+        if not sub.processed:
+            raise SubscriptionInProgress(subscription_id)
         sub.deleted = True
-        if sub.task is not None and not sub.task.done():
+        task = asyncio.ensure_future(self._delete_all(sub))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _delete_all(self, sub: RestSubscription) -> None:
+        if sub.task is not None and not sub.task.done():   # a notification still being retried
             await asyncio.wait([sub.task])
         for xid, sub_id in list(sub.sub_ids.items()):
             await self._run_delete(sub, sub_id)
-            del sub.sub_ids[xid]
-        if self._by_digest.get(sub.digest) == subscription_id:
+            sub.sub_ids.pop(xid, None)
+        if self._by_digest.get(sub.digest) == sub.subscription_id:
             del self._by_digest[sub.digest]
-        del self._subs[subscription_id]
+        if self._subs.get(sub.subscription_id) is sub:
+            del self._subs[sub.subscription_id]
 
     def forget_all(self) -> int:
         """A restart without its store: everything forgotten, routes withdrawn; returns how many.
@@ -167,12 +210,17 @@ class SubscriptionManager:
         """GET /ric/v1/subscriptions: one entry per live E2 subscription (SubscriptionData schema)."""
         out = []
         for sub in self._subs.values():
-            for xid, sub_id in sub.sub_ids.items():
+            for sub_id in sub.sub_ids.values():
+                # registry.go QueryHandler: these three fields; SubscriptionInstances stays null.
                 out.append({"SubscriptionId": sub_id, "Meid": sub.params.meid,
-                            "ClientEndpoint": [sub.params.client.rmr],
-                            "SubscriptionInstances": [render_instance(sub.instances[xid])],
-                            "RestSubscriptionId": sub.subscription_id})
+                            "ClientEndpoint": [sub.params.client.rmr], "SubscriptionInstances": None})
         return out
+
+    def node_rest_subscriptions(self, meid: str) -> dict[str, dict]:
+        """SubMgr's GetAllE2NodeRestSubscriptions: REST id -> the exported RESTSubscription fields."""
+        return {rid: {"Created": "", "Meid": sub.params.meid, "InstanceIds": list(sub.sub_ids.values()) or None,
+                      "SubReqOngoing": not sub.processed, "SubDelReqOngoing": sub.deleted}
+                for rid, sub in self._subs.items() if sub.params.meid == meid}
 
     async def close(self) -> None:
         tasks = [s.task for s in self._subs.values() if s.task is not None and not s.task.done()]
@@ -247,6 +295,7 @@ class SubscriptionManager:
             if not sub.sub_ids and self._by_digest.get(sub.digest) == sub.subscription_id:
                 # Nothing is live: a re-POST must try the E2 node again, not replay this failure.
                 del self._by_digest[sub.digest]
+            sub.processed = True      # SubMgr marks it processed before notifying: a DELETE may come now
             await self._notify_one(sub, inst)
 
     async def _subscribe_detail(self, sub: RestSubscription, detail: SubscriptionDetail) -> SubscriptionInstance:
@@ -316,19 +365,21 @@ def _cause_text(cause) -> str:
     return f"{getattr(cause, 'group', '?')}:{getattr(cause, 'value', '?')}"
 
 
-async def post_notification(url: str, body: dict) -> None:
-    """POST the notification body; 2 tries (the xApp's HTTP server may be starting)."""
+async def post_notification(url: str, body: dict, tries: int = NOTIFY_TRIES,
+                            interval_s: float = NOTIFY_INTERVAL_S) -> None:
+    """POST the notification body as xapp-frame's Notify does: up to `tries` POSTs `interval_s` apart,
+    and only 200 counts as delivered (a 201 or 204 is tried again). Raises after the last try."""
     async with ClientSession(timeout=ClientTimeout(total=5)) as session:
-        for attempt in range(2):
+        for attempt in range(1, tries + 1):
             try:
                 async with session.post(url, json=body) as resp:
-                    if resp.status < 300:
+                    if resp.status == 200:
                         return
                     raise RuntimeError(f"HTTP {resp.status}")
             except Exception:
-                if attempt == 1:
+                if attempt == tries:
                     raise
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(interval_s)
 
 
 # -- HTTP adapter -----------------------------------------------------------------------------------
@@ -355,17 +406,22 @@ def build_app(manager: SubscriptionManager, max_body: int = 1 << 20) -> web.Appl
             sub_id, _ = manager.subscribe(params)
         except NodeNotConnected:
             return _error(503, f"no E2 connection to {params.meid}")
-        return web.json_response(render_response(sub_id), status=201)
+        except UnknownSubscription:
+            return _error(404, f"no subscription {params.subscription_id!r} to add to")
+        return web.json_response(render_response(sub_id, None), status=201)
 
     async def delete(request: web.Request) -> web.Response:
         try:
-            await manager.unsubscribe(request.match_info["id"])
-        except UnknownSubscription:
-            return _error(404, f"no subscription {request.match_info['id']!r}")
+            manager.unsubscribe(request.match_info["id"])
+        except SubscriptionInProgress:
+            return _error(400, f"subscription {request.match_info['id']!r} is still being set up; retry later")
         return web.Response(status=204)
 
     async def get(request: web.Request) -> web.Response:
         return web.json_response(manager.list())
+
+    async def node_subs(request: web.Request) -> web.Response:
+        return web.json_response(manager.node_rest_subscriptions(request.match_info["ran"]))
 
     async def alive(request: web.Request) -> web.Response:
         return web.json_response({"status": "alive"})
@@ -384,6 +440,7 @@ def build_app(manager: SubscriptionManager, max_body: int = 1 << 20) -> web.Appl
     app.router.add_post("/ric/v1/subscriptions", post)
     app.router.add_get("/ric/v1/subscriptions", get)
     app.router.add_delete("/ric/v1/subscriptions/{id}", delete)
+    app.router.add_get("/ric/v1/get_e2node_rest_subscriptions/{ran}", node_subs)
     app.router.add_get("/ric/v1/health/alive", alive)
     app.router.add_get("/ric/v1/health/ready", alive)
     return app

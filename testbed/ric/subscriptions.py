@@ -230,9 +230,11 @@ def render_instance(inst: SubscriptionInstance) -> dict:
     return out
 
 
-def render_response(subscription_id: str, instances: tuple[SubscriptionInstance, ...] = ()) -> dict:
-    """The SubscriptionResponse schema: the 201 body and the notification body share it."""
-    return {"SubscriptionId": subscription_id, "SubscriptionInstances": [render_instance(i) for i in instances]}
+def render_response(subscription_id: str, instances: tuple[SubscriptionInstance, ...] | None = ()) -> dict:
+    """The SubscriptionResponse schema: the 201 body and the notification body share it. `None`
+    renders `SubscriptionInstances: null`, as SubMgr's 201 (it sets only the id)."""
+    return {"SubscriptionId": subscription_id,
+            "SubscriptionInstances": None if instances is None else [render_instance(i) for i in instances]}
 
 
 def subscription_body(params: SubscriptionParams) -> dict:

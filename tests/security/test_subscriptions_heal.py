@@ -108,8 +108,7 @@ async def _heals(x: XappApp, tb: SimBed, agent: LeaseClient, lose, how: str) -> 
         assert new.subscription_id != old.subscription_id or new.e2_event_instance_id != old.e2_event_instance_id
         st, live = await _get(tb.sim.ric.submgr_url + "/subscriptions")
         assert st == 200 and [d["Meid"] for d in live] == [meid]
-        assert live[0]["RestSubscriptionId"] == new.subscription_id and live[0]["SubscriptionId"] == \
-            new.e2_event_instance_id
+        assert live[0]["SubscriptionId"] == new.e2_event_instance_id and "RestSubscriptionId" not in live[0]
         assert [r.subscription_id for r in x.store.subscriptions()] == [new.subscription_id]   # SDL follows
         # KPM flows again on the new sub_id, and the site is granted again.
         n = x.counters.indications
@@ -141,12 +140,17 @@ async def _hostile_delete(tmp: Path, discovery: str) -> None:
         meid = tb.meids[0]
 
         async def delete(old):
-            # Anyone who can reach SubMgr can list the xApp's subscription and delete it.
-            st, live = await _get(tb.sim.ric.submgr_url + "/subscriptions")
-            [mine] = [d for d in live if d["Meid"] == meid]
+            # Anyone who can reach SubMgr can list the xApp's subscription (its REST id on SubMgr's debug
+            # route) and delete it; SubMgr deletes in the background.
+            st, mine = await _get(f"{tb.sim.ric.submgr_url}/get_e2node_rest_subscriptions/{meid}")
+            [rest_id] = list(mine)
             async with aiohttp.ClientSession() as s, \
-                    s.delete(f"{tb.sim.ric.submgr_url}/subscriptions/{mine['RestSubscriptionId']}") as r:
+                    s.delete(f"{tb.sim.ric.submgr_url}/subscriptions/{rest_id}") as r:
                 assert r.status == 204
+            for _ in range(250):         # the background delete
+                if (await _get(tb.sim.ric.submgr_url + "/subscriptions"))[1] == []:
+                    break
+                await asyncio.sleep(0.02)
             assert (await _get(tb.sim.ric.submgr_url + "/subscriptions"))[1] == []
         await _heals(x, tb, agent, delete, "deleted")
     finally:

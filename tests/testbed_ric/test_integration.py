@@ -88,9 +88,19 @@ async def _drive(kpm_version: str, rc_table: str, sdl: SDLWrapper | None = None)
         rec2 = kpm.decode_indication_message(ind2.message, version).records[0]
         assert rec2[1] == round(float(report2.slice_prb_used_dl[0, 0, 1])) <= round(cap)
 
-        # Delete: 204, no more indications, the list is empty.
+        # Delete: 204 at once (SubMgr deletes in the background), then the list empties and no more
+        # indications come.
         status, _ = await x.delete(f"{url}/{created['SubscriptionId']}")
         assert status == 204
+        for _ in range(200):
+            if node.node.subscriptions == {} and (await x.get(url))[1] == []:
+                break
+            await asyncio.sleep(0.02)
+        while True:                      # indications already on their way before the delete landed
+            try:
+                await x.receive(12050, timeout=0.05)
+            except TimeoutError:
+                break
         await sim.step()
         with pytest.raises(TimeoutError):
             await x.receive(12050, timeout=0.3)

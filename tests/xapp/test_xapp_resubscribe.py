@@ -30,18 +30,19 @@ async def _resub(tmp):
         await x.start(rest_port=0, broker_listen="127.0.0.1:0")
         await until(lambda: x.ready() and x.readiness()["subscriptions"], 20, "ready and subscribed")
         meid = tb.meids[0]
-        old = x.subscriptions[meid].subscription_id
+        old_rec = x.subscriptions[meid]
+        old = old_rec.subscription_id
         tb.muted.add(meid)
         await until(lambda: meid in x.subscriptions and x.subscriptions[meid].subscription_id != old, 10,
                     "a new subscription")
         tb.muted.clear()
         n = x.counters.indications
         await until(lambda: x.counters.indications > n + 4, 5, "KPM again")
-        async with aiohttp.ClientSession() as s, s.get(tb.sim.ric.submgr_url + "/subscriptions") as r:
-            live = await r.json()
-        ids = {d.get("RestSubscriptionId", d["SubscriptionId"]) for d in live}
-        assert len(live) == 2 and old not in ids and x.subscriptions[meid].subscription_id in ids
-        assert x.store.subscriptions()[0].subscription_id in ids and len(x.store.subscriptions()) == 2
+        # SubMgr lists E2 subscriptions by E2 instance ID (sub_id) and Meid, and deletes in the background
+        ids = await _live_ids(tb, lambda ids: len(ids) == 2)
+        new = x.subscriptions[meid]
+        assert (old_rec.e2_event_instance_id, meid) not in ids and (new.e2_event_instance_id, meid) in ids
+        assert {(r.e2_event_instance_id, r.meid) for r in x.store.subscriptions()} == ids
     finally:
         await x.stop()
         await tb.close()
@@ -56,9 +57,15 @@ def test_remembered_subscription_is_deleted_when_the_node_cannot_be_subscribed_a
     assert len(refusals) == 1, [r.getMessage() for r in refusals]
 
 
-async def _live_ids(tb) -> set[str]:
-    async with aiohttp.ClientSession() as s, s.get(tb.sim.ric.submgr_url + "/subscriptions") as r:
-        return {d.get("RestSubscriptionId", d["SubscriptionId"]) for d in await r.json()}
+async def _live_ids(tb, done=lambda ids: True) -> set[tuple[int, str]]:
+    """(E2 instance ID, Meid) of SubMgr's list, once `done` holds of it (deletes finish in the background)."""
+    for _ in range(100):
+        async with aiohttp.ClientSession() as s, s.get(tb.sim.ric.submgr_url + "/subscriptions") as r:
+            ids = {(d["SubscriptionId"], d["Meid"]) for d in await r.json()}
+        if done(ids):
+            break
+        await asyncio.sleep(0.02)
+    return ids
 
 
 async def _unsubscribable(tmp):
@@ -72,9 +79,10 @@ async def _unsubscribable(tmp):
         await until(lambda: first.ready() and first.readiness()["subscriptions"], 20, "ready and subscribed")
         meid, other = tb.meids[0], tb.meids[1]
         old = {m: r.subscription_id for m, r in first.subscriptions.items()}
+        old_e2 = {m: (r.e2_event_instance_id, m) for m, r in first.subscriptions.items()}
         await first.stop()
         first = None
-        assert await _live_ids(tb) == set(old.values())           # kept for the next run
+        assert await _live_ids(tb) == set(old_e2.values())           # kept for the next run
 
         x = XappApp(load_config(path))
         spec = x._spec
@@ -88,7 +96,7 @@ async def _unsubscribable(tmp):
         await until(lambda: other in x.subscriptions and meid in x.subscribe_errors
                     and [r.meid for r in x.store.subscriptions()] == [other], 10, "the unusable subscription deleted")
         assert x.subscriptions[other].subscription_id == old[other]          # the usable one is reused
-        assert await _live_ids(tb) == {old[other]}
+        assert await _live_ids(tb, lambda ids: ids == {old_e2[other]}) == {old_e2[other]}
         await asyncio.sleep(3.5)                                              # a few more tries for meid
         assert meid not in x.subscriptions and "none of the configured" in x.subscribe_errors[meid]
     finally:
