@@ -99,6 +99,7 @@ class UpConfig:
     # without fresh measurements, grants nothing and the agents' idle baseline (connected, no lease) is
     # measured; then KPM flows, the xApp starts granting as at any start, and the faults' clock starts
     idle_probe_s: float = 0.0
+    record: Path | None = None    # weaver-xapp --record: every loop step, for testbed.bench.replay
 
     def __post_init__(self) -> None:
         if not 1 <= self.sites <= len(ARCHETYPES) * 4:
@@ -482,7 +483,8 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         token_env = json.loads(config_path.read_text())["controls"]["broker"].get("token_env")
         if token_env:
             xenv[token_env] = broker_secret
-        xapp = sup.start("xapp", [sys.executable, "-m", "xapp", "--config", str(config_path)], env=xenv)
+        xapp = sup.start("xapp", [sys.executable, "-m", "xapp", "--config", str(config_path),
+                                  *(["--record", str(cfg.record)] if cfg.record else [])], env=xenv)
         await asyncio.to_thread(xapp.wait_for_line, r"weaver-xapp: ready", 90)
         agents: list[AgentView] = []
         aenv = {"PYTHONPATH": str(ROOT), **agent_env(cfg.faults)}
@@ -867,6 +869,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="tiny", help="agent model preset (tiny, small, medium)")
     parser.add_argument("--run-dir", default=None, help="logs, config and checkpoints (default: a temp dir)")
     parser.add_argument("--json", default=None, metavar="SUMMARY", help="write the run summary as JSON")
+    parser.add_argument("--record", default=None, metavar="FILE",
+                        help="the xApp records every control-loop step to FILE (weaver-xapp --record); "
+                             "`python -m testbed.bench.replay FILE` replays it through the bench's loop driver")
     parser.add_argument("--round-ms", type=int, default=5000, help="cross-site round length (default 5000)")
     parser.add_argument("--no-cross-site", action="store_true",
                         help="start no Lighthouse: each site trains alone")
@@ -885,7 +890,8 @@ def run(args) -> int:
                        seed=args.seed, period_ms=args.period_ms, rest_port=args.port, agent_preset=args.preset,
                        run_dir=Path(args.run_dir) if args.run_dir else None,
                        cross_site=not args.no_cross_site, round_ms=args.round_ms,
-                       faults=parse_faults(args.fault, args.fault_at), fault_at_s=args.fault_at)
+                       faults=parse_faults(args.fault, args.fault_at), fault_at_s=args.fault_at,
+                       record=Path(args.record).resolve() if args.record else None)
     except ValueError as exc:
         print(f"weaver up: {exc}", file=sys.stderr)
         return 2

@@ -30,6 +30,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--keep-subscriptions", action="store_true",
                    help="do not delete the KPM subscriptions on shutdown (a restarted xApp reuses them)")
     p.add_argument("--log-level", default=None)
+    p.add_argument("--record", default=None, metavar="FILE",
+                   help="write every control-loop step (its inputs, actions and decisions) to FILE as JSON lines, "
+                        "for a replay through the bench's path (testbed.bench.replay)")
     return p.parse_args(argv)
 
 
@@ -38,7 +41,7 @@ async def serve(args) -> int:
 
     cfg = load_config(args.config)
     logging.getLogger().setLevel(args.log_level or cfg.log_level)
-    x = XappApp(cfg, config_path=args.config, keep_subscriptions=args.keep_subscriptions)
+    x = XappApp(cfg, config_path=args.config, keep_subscriptions=args.keep_subscriptions, record_path=args.record)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -170,8 +170,10 @@ class XappApp:
     """The running xApp. REST handlers read it; only the loop task changes loop state."""
 
     def __init__(self, cfg: XappConfig, *, config_path: str | None = None, keep_subscriptions: bool = False,
-                 clock=time.monotonic, wall=time.time) -> None:
+                 clock=time.monotonic, wall=time.time, record_path: str | None = None) -> None:
         self.cfg = cfg
+        self.record_path = record_path       # --record: every loop step's inputs and actions (xapp.record)
+        self.recorder = None
         self.config_path = config_path
         self.keep_subscriptions = keep_subscriptions
         self.now, self.wall = clock, wall
@@ -394,6 +396,10 @@ class XappApp:
         log.info("SDL %s: %d subscriptions, %d sites, %d ledger entries; broker epoch %d", self.store.backend,
                  len(snap.subscriptions), len(snap.sites), len(snap.leases), self.epoch)
         self.state = new_state(cfg, self.now(), snap.cost_models)
+        if self.record_path:
+            from xapp.record import LoopRecorder
+            self.recorder = LoopRecorder(self.record_path)
+            self.recorder.begin(self.state, snap.cost_models)
         # What the nodes last acknowledged is shown, never trusted: a node may have restarted while we
         # were down, so every envelope is unknown (the whole GPU) until a node acknowledges one again.
         for sid, rec in snap.sites.items():
@@ -809,7 +815,12 @@ class XappApp:
         self.samples, self.results, self.releases = [], [], []
         results = {r.control_id: r for r in inputs.results}
         pending = dict(self.state.pending)
-        _, actions = step(self.state, self.now(), inputs)
+        now = self.now()
+        if self.recorder is not None:
+            self.recorder.before(self.state)
+        _, actions = step(self.state, now, inputs)
+        if self.recorder is not None:
+            self.recorder.after(self.state, now, inputs, actions)
         for cid, r in results.items():
             p = pending.get(cid)
             if p is not None:
@@ -1009,6 +1020,8 @@ class XappApp:
             await self.rest_runner.cleanup()
         if self.rmr is not None:
             await self.rmr.close()
+        if self.recorder is not None:
+            self.recorder.close()
         log.info("stopped")
 
 

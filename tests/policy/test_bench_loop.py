@@ -1,0 +1,89 @@
+"""`weaver bench policies` decides by the live loop's code and nothing else (issue 14 item 2): every grant
+and every RC control of every arm is an action `xapp.loop.step` returned, the controls reach the E2 node's
+control code as bytes and come back acknowledged, and a loop that decides nothing leaves every arm with
+nothing -- so no decision can come from a second path (as `WeaverPolicy.decide` called by the bench did)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import xapp.loop as xloop
+from testbed import scenarios
+from testbed.bench import policies as bench
+from testbed.bench.liveloop import replay_trace, xapp_config
+from xapp.loop import GrantLease, RevokeLease, SendControl
+
+P = 40
+
+
+@pytest.fixture(scope="module")
+def sc():
+    return scenarios.get("gh200-multicell")
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    calls = []
+    real = xloop.step
+
+    def step(state, now, inputs):
+        state, actions = real(state, now, inputs)
+        calls.append((now, list(actions)))
+        return state, actions
+
+    monkeypatch.setattr(xloop, "step", step)
+    return calls
+
+
+def grants_from(calls, sc) -> np.ndarray:
+    """The lease each site holds per period, from the actions step returned alone."""
+    out = np.zeros((P, sc.n_sites), dtype=int)
+    held = np.zeros(sc.n_sites, dtype=int)
+    D = sc.period_s
+    for now, actions in calls:
+        for a in actions:
+            s = int(a.site_id.split("-")[1])
+            if isinstance(a, GrantLease):
+                held[s] = a.sm_count
+            elif isinstance(a, RevokeLease):
+                held[s] = 0
+        p = int(round(now / D))         # a tick at the end of period p - 1 decides period p
+        if abs(now - p * D) < 1e-9 and p < P:
+            out[p] = held
+    return out
+
+
+@pytest.mark.parametrize("mode", ["auto", "quota"])
+def test_shaped_arm_grants_and_controls_are_the_loops_actions(sc, spy, mode):
+    cfg = xapp_config(sc, "weaver", 8, mode, bench.quota_cost(sc))
+    run = bench.simulate(sc, 3, P, cfg, track_delay=False)
+    assert len(spy) == run.tally.steps > P                  # ticks, plus the steps that take the ACKs
+    assert (run.grants == grants_from(spy, sc)).all() and run.grants.sum() > 0
+    sent = [a for _, acts in spy for a in acts if isinstance(a, SendControl)]
+    assert len(sent) == run.controls == run.tally.acks > 0  # every control went to a node and was acked
+    kinds = {a.kind for a in sent}
+    assert kinds == ({"quota"} if mode == "quota" else {"envelope"})
+    if mode == "auto":   # the model ran under the envelopes the loop sent
+        assert run.envelopes[1:].max() > 0 and set(run.envelopes[-1]) <= {a.envelope_sms for a in sent}
+
+
+@pytest.mark.parametrize("policy,knob", [("static", 48), ("reactive", 16), ("oracle", None)])
+def test_unshaped_arm_grants_are_the_loops_actions(sc, spy, policy, knob):
+    rec = bench.simulate(sc, 3, P, None, track_delay=False, record_trace=True)
+    assert len(spy) == 0                                     # recording the trace decides nothing
+    grants, tally = replay_trace(xapp_config(sc, policy, knob), sc, rec.trace, 0.015,
+                                 oracle_peaks=rec.period_max if policy == "oracle" else None)
+    assert len(spy) == tally.steps >= P                     # ticks, plus the steps that take the releases
+    assert (grants == grants_from(spy, sc)).all() and grants.sum() > 0
+    assert tally.controls == 0                               # the baselines do not shape
+
+
+def test_a_loop_that_decides_nothing_leaves_every_arm_with_nothing(sc, monkeypatch):
+    real = xloop.step
+    monkeypatch.setattr(xloop, "step", lambda state, now, inputs: (real(state, now, inputs)[0], []))
+    run = bench.simulate(sc, 3, P, xapp_config(sc, "weaver", 8, "auto", bench.quota_cost(sc)), track_delay=False)
+    assert run.grants.sum() == 0 and run.controls == 0 and run.envelopes.sum() == 0
+    rec = bench.simulate(sc, 3, P, None, track_delay=False, record_trace=True)
+    for policy, knob in (("static", 48), ("reactive", 16)):
+        grants, _ = replay_trace(xapp_config(sc, policy, knob), sc, rec.trace, 0.015)
+        assert grants.sum() == 0
