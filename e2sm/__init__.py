@@ -2,7 +2,7 @@
 
 Pure and sans-IO: functions from bytes to frozen dataclasses and back. Every decoder of untrusted
 bytes returns a value or raises `E2DecodeError`; encoders refuse bad values with `E2EncodeError`.
-`decode_json` / `encode_json` speak the JSON form of `shared/vectors/README.md` for any kind
+`decode_json` / `encode_json` speak the JSON form of `tests/vectors/README.md` for any kind
 (`python -m e2sm kinds` lists them).
 """
 from e2sm.errors import E2DecodeError, E2EncodeError

@@ -1,4 +1,4 @@
-"""`python -m e2sm`: read and write E2 payloads in the JSON form of `shared/vectors/README.md`.
+"""`python -m e2sm`: read and write E2 payloads in the JSON form of `tests/vectors/README.md`.
 
     python -m e2sm decode KIND HEX        # JSON on stdout
     python -m e2sm encode KIND < JSON     # APER hex on stdout

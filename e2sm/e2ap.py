@@ -13,7 +13,7 @@ Decoding rules (both paths): the whole input is consumed, every open type exactl
 the message is present exactly once, an unknown IE with criticality `reject` is refused and one with
 `ignore`/`notify` is skipped. CriticalityDiagnostics, TNLinformation and other IEs the typed messages do
 not carry are dropped; the JSON form keeps everything.
-`decode_json` / `encode_json` speak the JSON form of shared/vectors/README.md for the kind `e2ap:E2AP-PDU`.
+`decode_json` / `encode_json` speak the JSON form of tests/vectors/README.md for the kind `e2ap:E2AP-PDU`.
 
 Two pycrate 0.8.1 APER decoding bugs are fixed below by replacing the two codec functions involved (see
 their docstrings): misalignment after a fragmented field, and open types not consumed exactly.
@@ -1008,7 +1008,7 @@ def decode_e2ap(data: bytes) -> E2apMessage:
 
 
 # ---------------------------------------------------------------------------------------------------
-# JSON form (shared/vectors/README.md), walking pycrate's type tree next to the value
+# JSON form (tests/vectors/README.md), walking pycrate's type tree next to the value
 def decode_json(data: bytes) -> dict:
     """APER E2AP-PDU -> the vectors' JSON form (open-type values keyed by their ASN.1 type name)."""
     value = _aper_decode(data)

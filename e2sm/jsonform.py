@@ -1,4 +1,4 @@
-"""The JSON form of `shared/vectors/README.md` <-> asn1tools values, by walking the ASN.1 type.
+"""The JSON form of `tests/vectors/README.md` <-> asn1tools values, by walking the ASN.1 type.
 
 | ASN.1            | JSON                                  | asn1tools value      |
 |------------------|---------------------------------------|----------------------|
