@@ -3,7 +3,9 @@
 Simplification (stated): real E2 nodes reach the E2T over SCTP (port 36422); here they use RMR
 too, one RMR endpoint per node. Everything xApps and submgr see is as in OSC: mtype 12050 with
 `sub_id` = the subscription's E2EventInstanceId (the RICrequestID instance ID the node echoes) and
-`meid` = the node's RAN inventory name; controls 12040 in, 12041/12042 back; 10030 error indications.
+`meid` = the node's RAN inventory name; controls 12040 in, 12041/12042 back with `sub_id` = the
+request's RIC instance ID (routed to the xApp owning that sub_id, as rtmgr's routes do); 10030 error
+indications.
 
 The E2T also plays e2mgr for E2 setup: it names the node as e2mgr does (`ran_name`), writes the
 R-NIB, adds the node to the meid map of its route table, and answers E2setupResponse.
@@ -302,11 +304,14 @@ class E2Termination:
             self.stats.dropped_unroutable += 1
             return
         try:
-            e2ap.decode_e2ap(msg.payload)
+            pdu = e2ap.decode_e2ap(msg.payload)
         except E2DecodeError:
             self.stats.dropped_undecodable += 1
             return
-        await self._forward(msg.replace(sub_id=-1, meid=meid))
+        # OSC e2term (sctpThread.cpp, RICcontrolAcknowledge/Failure) sets the reply's sub_id to the
+        # request's RIC instance ID; the route table then picks the xApp that owns that sub_id.
+        rid = getattr(pdu, "request_id", None) if msg.mtype != RIC_ERROR_INDICATION else None
+        await self._forward(msg.replace(sub_id=rid.instance if rid is not None else -1, meid=meid))
 
     async def _control(self, msg: RmrMessage) -> None:
         if msg.src:

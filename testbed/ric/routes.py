@@ -3,8 +3,9 @@
 In OSC the routing manager pushes tables built from xApp descriptors and from submgr's requests
 ("RMRRoutingNeeded"); here the same tables are rendered from what the mini-RIC knows: where the E2
 termination, the subscription manager and each node listen, which xApps exist, and which xApp owns
-each subscription's sub_id. The output is the plain-text table that `RMR_SEED_RT` points at, so a
-real RMR (C library or ricxappframe) reads it as well as ours does.
+each subscription's sub_id (its indications and the control replies carrying it). The output is the
+plain-text table that `RMR_SEED_RT` points at, so a real RMR (C library or ricxappframe) reads it as
+well as ours does.
 
 Pure functions: text in, text out; `write_route_table` is the only one that touches a file.
 """
@@ -27,6 +28,7 @@ RIC_ERROR_INDICATION = 10030
 # What an xApp receives from the E2 termination on its data port (e2-facts §7, rmrdata rx list,
 # minus the submgr replies that a REST-subscribing xApp never sees).
 XAPP_RX_FROM_E2T = (RIC_CONTROL_ACK, RIC_CONTROL_FAILURE, RIC_ERROR_INDICATION)
+CONTROL_REPLIES = (RIC_CONTROL_ACK, RIC_CONTROL_FAILURE)
 # What the E2 termination hands to the subscription manager.
 SUBMGR_RX_FROM_E2T = (RIC_SUB_RESP, RIC_SUB_FAILURE, RIC_SUB_DEL_RESP, RIC_SUB_DEL_FAILURE)
 # What the E2 termination sends towards a node (routed by meid).
@@ -77,13 +79,21 @@ def e2term_route_table(routes: RicRoutes) -> str:
         entries.append(f"rte|{mtype}|{routes.submgr}")
     xapps = [_check_endpoint(x) for x in dict.fromkeys(routes.xapps)]
     if xapps:
-        # ';' fans out: every xApp that declared these types gets them, as rtmgr does from descriptors.
-        for mtype in XAPP_RX_FROM_E2T:
-            entries.append(f"rte|{mtype}|{';'.join(xapps)}")
+        # Error indications fan out (';'): every xApp that declared the type gets one.
+        entries.append(f"rte|{RIC_ERROR_INDICATION}|{';'.join(xapps)}")
+        # Control replies as rtmgr makes them (rpe.go generateXappRoutes): one `mse|<ack>|-1|<xApp>` per
+        # xApp, of which RMR keeps the last it reads (a later entry for the same key replaces it). So a
+        # reply whose sub_id is no subscription's reaches ONE xApp, not necessarily its sender.
+        for mtype in CONTROL_REPLIES:
+            entries.append(f"mse|{mtype}|-1|{xapps[-1]}")
     for sub_id, xapp in sorted(routes.subscriptions.items()):
         if not 0 < sub_id < 65536:
             raise RouteTableError(f"sub_id must be 1..65535, got {sub_id}")
-        entries.append(f"mse|{RIC_INDICATION}|{sub_id}|{_check_endpoint(xapp)}")
+        # rtmgr (generateSubscriptionRoutes): the subscription's owner gets its indications and the
+        # control replies carrying its sub_id; e2term sets a reply's sub_id to the request's RIC
+        # instance ID (sctpThread.cpp), so an xApp's controls come back to it only with that ID.
+        for mtype in (RIC_INDICATION, *CONTROL_REPLIES):
+            entries.append(f"mse|{mtype}|{sub_id}|{_check_endpoint(xapp)}")
     if routes.nodes:
         for mtype in TO_NODE:
             entries.append(f"mse|{mtype}|-1|%meid")

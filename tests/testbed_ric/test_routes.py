@@ -36,7 +36,11 @@ def test_e2term_routes_indications_by_sub_id_and_controls_by_meid():
     assert r.targets(12040, -1, "gnb_001_01_00000002") == ["127.0.0.1:40002"]
     assert r.targets(12010, 7, "gnb_001_01_00000001") == ["127.0.0.1:40001"]
     assert r.targets(12011, 7) == ["127.0.0.1:4561"]
-    assert sorted(r.targets(12041)) == ["xapp-a:4560", "xapp-b:4560"]  # fan-out to every xApp
+    # Control replies as rtmgr routes them: by sub_id to the subscription's owner; any other sub_id
+    # to one xApp only (rtmgr's per-xApp default entries, of which RMR keeps the last).
+    assert r.targets(12041, 7) == ["xapp-a:4560"] and r.targets(12042, 7) == ["xapp-a:4560"]
+    assert r.targets(12041, 8) == ["xapp-b:4560"] and r.targets(12042, 8) == ["xapp-b:4560"]
+    assert r.targets(12041, 9) == ["xapp-b:4560"] and r.targets(12041) == ["xapp-b:4560"]
 
 
 def test_tables_without_nodes_or_xapps_still_commit():
