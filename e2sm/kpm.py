@@ -213,8 +213,9 @@ class BinRange:
         _check_int("binIndex", self.index, 1, 65535)
         for name in ("start", "end"):
             x = getattr(self, name)
-            if isinstance(x, bool) or not isinstance(x, (int, float)):
-                raise ValueError(f"bin {name} must be an int or a float, got {x!r}")
+            # A bound is a number a node reports; NaN or infinity would poison any comparison with it.
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or (isinstance(x, float) and not math.isfinite(x)):
+                raise ValueError(f"bin {name} must be an int or a finite float, got {x!r}")
 
     def to_asn1(self) -> dict:
         return {"binIndex": self.index, "startValue": _bin_value_to_asn1(self.start),

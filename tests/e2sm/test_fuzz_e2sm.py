@@ -56,14 +56,20 @@ def _samples() -> list[bytes]:
     ]
 
 
-@pytest.fixture(scope="module")
-def corpus(vectors_dir) -> list[bytes]:
+def _e2sm_vector_bytes(vectors_dir) -> list[bytes]:
+    """The E2SM payloads of tests/vectors/ and of tests/vectors/independent/ (pycrate's: every KPM format,
+    the conditions with logicalOR, bin ranges, per-period UE lists)."""
     out = []
-    for path in sorted(vectors_dir.glob("*.json")):
+    for path in sorted(vectors_dir.glob("*.json")) + sorted((vectors_dir / "independent").glob("*.json")):
         v = json.loads(path.read_text())
         if not v["kind"].startswith("e2ap:"):
             out.append(bytes.fromhex(v["hex"]))
-    return out + _samples()
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(vectors_dir) -> list[bytes]:
+    return _e2sm_vector_bytes(vectors_dir) + _samples()
 
 
 def assert_value_or_decode_error(data: bytes) -> None:
@@ -128,8 +134,7 @@ def mutation(draw, seeds):
 
 
 def test_mutated_payloads(vectors_dir):
-    seeds = [bytes.fromhex(json.loads(p.read_text())["hex"]) for p in sorted(vectors_dir.glob("*.json"))
-             if not json.loads(p.read_text())["kind"].startswith("e2ap:")] + _samples()
+    seeds = _e2sm_vector_bytes(vectors_dir) + _samples()
 
     @FUZZ
     @given(data=mutation(seeds))
@@ -278,3 +283,17 @@ def test_an_extended_size_sender_type_is_a_decode_error_not_a_value_error():
     raw = bytes.fromhex("0eeb1f040000000000000001676e2d73696d2d3130674e422d44550e6578616d706c65")
     with pytest.raises(E2DecodeError, match="senderType"):
         decode_indication_header(raw, KpmVersion.V3_00)
+
+
+@pytest.mark.parametrize("bound", [float("inf"), float("-inf"), float("nan")])
+def test_a_non_finite_bin_bound_is_a_decode_error(bound):
+    # REAL carries +-infinity and NaN; a bin range bound that is not a number must not reach the typed value.
+    bins = {"binRangeListX": [{"binIndex": 1, "startValue": ("valueReal", 0.5), "endValue": ("valueReal", bound)}]}
+    value = {"ranFunction-Name": {"ranFunction-ShortName": "ORAN-E2SM-KPM", "ranFunction-E2SM-OID": kpm.KPM_OID_V3,
+                                  "ranFunction-Description": "KPM Monitor"},
+             "ric-ReportStyle-List": [{"ric-ReportStyle-Type": 1, "ric-ReportStyle-Name": "x", "ric-ActionFormat-Type": 1,
+                                       "measInfo-Action-List": [{"measName": "a", "binRangeDef": bins}],
+                                       "ric-IndicationHeaderFormat-Type": 1, "ric-IndicationMessageFormat-Type": 1}]}
+    data = _asn1.encode("kpm-v3.00", "E2SM-KPM-RANfunction-Description", value)
+    with pytest.raises(e2sm.E2DecodeError, match="finite"):
+        kpm.decode_ran_function_description(data, V3)
