@@ -50,6 +50,7 @@ import numpy as np
 
 from testbed.cli import agent_python
 from testbed.e2node.functions import kpm_oid
+from testbed.e2node.measure import measurements_for
 from testbed.faults import (
     DEFAULT_AT_S,
     Fault,
@@ -62,6 +63,7 @@ from testbed.faults import (
 from testbed.groundtruth import AgentTruth, CpuTrace, rate_before
 from testbed.model import CellConfig, Scenario, SiteConfig
 from testbed.procs import ChildFailed, Supervisor
+from xapp.inputs import POLICY_INPUTS
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHETYPES = ("residential", "business", "transport", "entertainment", "mixed")
@@ -164,6 +166,11 @@ def xapp_controls(cfg: UpConfig, sim, ports: dict[str, int], lighthouse_addr: st
     else:
         c["e2"]["discovery"] = "static"
         c["e2"]["static_nodes"] = statics  # the embedded store is per process: the xApp cannot read our R-NIB
+        # ... nor their KPM definitions, so it cannot see the policy inputs they offer (issue 14): name the
+        # ones every node's profile offers, as an operator would for nodes configured by hand
+        offered = set.intersection(*(set(measurements_for(n.node.config.kpm_profile)) for n in sim.nodes))
+        c["e2"]["kpm_measurements"] = [*c["e2"]["kpm_measurements"],
+                                       *(m for m in POLICY_INPUTS if m in offered and m not in c["e2"]["kpm_measurements"])]
     c["submgr"].update(url=sim.ric.submgr_url, client_host=cfg.host, http_port=ports["rest"], rmr_port=ports["rmr"])
     c["rmr"].update(port=ports["rmr"], route_table=str(sim.ric.route_file))
     c["broker"]["listen"] = f"{cfg.host}:{ports['broker']}"

@@ -62,6 +62,13 @@ def test_weaver_up_30s(tmp_path, repo_root):
         assert site["deadline_misses_attributable_to_training"] <= 1e-3 * site["slots"], site
         assert site["sm_seconds_executed"] > 0 and site["ground_truth"]["source"], site
         assert site["sm_ms_beyond_lease_max"] <= site["sm_ms_beyond_lease_total"], site
+        # which policy inputs the site's decisions had and used (issue 14): the testbed's compute-aware
+        # nodes measure every one, and most periods were decided on them
+        pi = site["policy_inputs"]
+        assert pi["basis"] == "measured" and pi["estimated"] == [], pi
+        assert set(pi["available"]) == set(pi["used"]) == {"offered_mean", "offered_max", "nondeferrable_max",
+                                                           "be_delay_ms", "be_deferred_bytes"}, pi
+        assert pi["periods"].get("measured", 0) > pi["periods"].get("estimated", 0), pi
     assert s["faults"] == []
     t = s["totals"]
     for key in ("kpm_indications", "rc_controls_sent", "rc_controls_acked", "leases_granted", "sm_seconds_granted",
