@@ -306,7 +306,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kpm", choices=KPM_VERSIONS, default="v3.00", help="KPM version of every node")
     parser.add_argument("--rc-table", choices=RC_TABLES, default="srsran", help="RC parameter-ID table")
     parser.add_argument("--node", action="append", default=[], metavar="SITE:kpm=v2.03,rc=oai",
-                        help="per-node override of the KPM version and/or RC table (repeatable)")
+                        help="per-node override of the KPM version, RC table and/or KPM profile "
+                             "(profile=compute-aware|gpu|standard; standard: a stock gNB's 3GPP counters) (repeatable)")
     parser.add_argument("--speed", type=float, default=1.0, help="x real time; 0 = as fast as possible")
     parser.add_argument("--route-dir", default=None, help="where to write xapp.rt (default: a temp dir)")
     parser.add_argument("--redis", default=None, metavar="HOST:PORT",
@@ -331,7 +332,7 @@ def _sdl_from(args) -> SDLWrapper:
 
 def parse_node_overrides(specs: list[str]) -> dict[int, dict]:
     """`["1:kpm=v2.03,rc=oai"]` -> {1: {"kpm_version": "v2.03", "rc_table": "oai"}}; ValueError if malformed."""
-    keys = {"kpm": "kpm_version", "rc": "rc_table"}
+    keys = {"kpm": "kpm_version", "rc": "rc_table", "profile": "kpm_profile"}
     out: dict[int, dict] = {}
     for spec in specs:
         site, sep, rest = spec.partition(":")
@@ -341,7 +342,7 @@ def parse_node_overrides(specs: list[str]) -> dict[int, dict]:
         for item in filter(None, rest.split(",")):
             k, eq, v = item.partition("=")
             if not eq or k not in keys:
-                raise ValueError(f"--node {spec!r}: unknown setting {item!r} (kpm=..., rc=...)")
+                raise ValueError(f"--node {spec!r}: unknown setting {item!r} (kpm=..., rc=..., profile=...)")
             fields[keys[k]] = v
     return out
 
