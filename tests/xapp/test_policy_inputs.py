@@ -209,3 +209,57 @@ def test_backlog_guard_holds_the_envelope_in_the_live_loop():
     assert sized_calm[-1] < peak, calm
     assert sized_guarded[-1] == peak and min(sized_guarded) == peak, guarded
     assert guarded[-1][1] < calm[-1][1], (guarded[-1], calm[-1])
+
+
+# ---------------------------------------------------------------- the new values are bounded at ingest
+
+@pytest.mark.parametrize("values, reason", [
+    ({"GPU.SmOffered.Mean": 2 * 132 + 1.0}, "above-gpu"),       # a unit error, not load
+    ({"GPU.SmOffered.Max": 10 * 132}, "above-gpu"),
+    ({"GPU.SmNonDeferrable.Max": 133}, "above-gpu"),           # the floor E must cover cannot pass the GPU
+    ({"GPU.BeAddedDelay.Max": 3.6e6}, "be-delay"),              # an hour of delay: us sent as ms
+    ({"GPU.BeAddedDelay.Max": -1.0}, "negative"),
+    ({"GPU.BeDeferredBytes": 1e300}, "be-backlog"),
+    ({"GPU.BeDeferredBytes": -5.0}, "negative"),       # a REAL: the integer form cannot be negative
+])
+def test_impossible_policy_inputs_are_refused(values, reason):
+    from xapp.ingest import KpmValueError
+
+    ing = Ingest()
+    ing.set_limits(XappConfig.from_controls({
+        "period_ms": 100, "policy": {"name": "weaver"},
+        "sites": [{"site_id": "s", "nodes": ["n1"], "gpu_sms": 132, "granularity": 4}]}).sites)
+    ing.add(KpmSubscription(sub_id=7, meid="n1", ran_function_id=2, version=KpmVersion.V3_00, meas=()))
+    with pytest.raises(KpmValueError) as e:
+        ing.indication(7, "n1", indication({"GPU.SmUsed.Mean": [20.0], **{k: [v] for k, v in values.items()}},
+                                           request=(123, 7)), 0.0)
+    assert e.value.refusal.reason == reason
+    # an overloaded RAN may offer more than the GPU (that excess is what the envelope defers), a deep but
+    # draining backlog and a delay past the budget are real: accepted
+    ok = ing.indication(7, "n1", indication({"GPU.SmOffered.Max": [200], "GPU.BeAddedDelay.Max": [250.0],
+                                             "GPU.BeDeferredBytes": [5e8]}, request=(123, 7), sn=2), 0.1)
+    assert ok.values["GPU.SmOffered.Max"] == 200.0
+
+
+def test_without_deferral_everything_counts_as_non_deferrable():
+    """xapp.inputs' fallback: the cost-model estimate of the protected slices' peak only where something
+    (an envelope or quotas) can defer best-effort; else the whole estimated peak (RAN first)."""
+    from xapp.estimate import DemandEstimate
+    from xapp.ingest import KpmSample
+    from xapp.inputs import policy_inputs
+
+    model = CostModel()
+    for prb in range(0, 300, 10):
+        model.update(float(prb), 0.0, 10.0 + 0.2 * prb, 1.5 * (10.0 + 0.2 * prb))
+    s = KpmSample(meid="n1", received=0.0, collected=None,
+                  values={"RRU.PrbUsedDl": 200.0, "RRU.PrbUsedDl@2:1": 40.0, "RRU.PrbAvailDl": 273.0})
+    est = DemandEstimate(site_id="s", mean=50.0, peak=75.0, peak_q=75.0, source="model")
+    shaped = policy_inputs([s], est, model, protected_keys=["RRU.PrbUsedDl@2:1"], defers=True, min_samples=20)
+    plain = policy_inputs([s], est, model, protected_keys=["RRU.PrbUsedDl@2:1"], defers=False, min_samples=20)
+    assert shaped.basis == plain.basis == "estimated"
+    assert shaped.offered_mean == 50.0 and shaped.offered_max == 75.0
+    assert abs(shaped.nondeferrable_max - 1.5 * (10.0 + 0.2 * 40)) < 0.5      # the protected 40 PRBs' peak
+    assert plain.nondeferrable_max == 75.0
+    assert shaped.be_delay_ms is None and shaped.source("be_deferred_bytes") == "absent"
+    untrained = policy_inputs([s], est, CostModel(), protected_keys=["RRU.PrbUsedDl@2:1"], defers=True)
+    assert untrained.nondeferrable_max == 75.0                               # too few periods to trust
