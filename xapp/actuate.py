@@ -7,7 +7,14 @@ Mode per node, from its RC RAN function definition (architecture.md, Actuate):
 - `none` otherwise (monitor-only node: leases still follow the estimate, nothing is shaped).
 A config `actuation.mode` other than `auto` forces the mode where the node supports it.
 
-Controls carry RIC request ID (CONTROL_REQUESTOR, control_id & 0xffff) so that ACK/FAILURE match back.
+Where the reply goes (read from the OSC sources, not assumed): e2term sets the RMR sub_id of a
+RICcontrolAcknowledge/Failure to the request's RIC *instance* ID (ric-plt-e2 RIC-E2-TERMINATION/
+sctpThread.cpp; the requestor ID is not used), and rtmgr routes 12041/12042 by sub_id: to the xApp that
+owns the subscription with that sub_id (pkg/rpe/rpe.go generateSubscriptionRoutes), and for any other
+sub_id along one `-1` entry per xApp, of which RMR keeps the last it reads (librmr rt_generic_static.c
+uta_add_rte) -- some other xApp, on a RIC with several. So a control's RIC request ID is
+(CONTROL_REQUESTOR, the sub_id of one of this xApp's live subscriptions), chosen by the loop
+(`xapp.loop.control_instance`), which also matches replies to controls by requestor, node and instance.
 """
 from __future__ import annotations
 
@@ -97,34 +104,41 @@ def _quota_e2sm(quotas: tuple[SliceQuota, ...], ids: PrbQuotaIds, ue_id: int) ->
     return encode_control_header(hdr), encode_control_message(build_prb_quota_control(quotas, ids))
 
 
-def envelope_request(nc: NodeControl, control_id: int, envelope_sms: int, be_delay_budget_ms: int,
+def envelope_request(nc: NodeControl, instance: int, envelope_sms: int, be_delay_budget_ms: int,
                      ue_id: int = 0) -> bytes:
+    """`instance`: the RIC instance ID, the sub_id the reply is routed by (see the module doc)."""
     hdr, msg = _envelope_e2sm(envelope_sms, be_delay_budget_ms, ue_id)
-    return encode_e2ap(RicControlRequest(RicRequestId(CONTROL_REQUESTOR, control_id & 0xFFFF), nc.rc_function_id,
+    return encode_e2ap(RicControlRequest(RicRequestId(CONTROL_REQUESTOR, instance & 0xFFFF), nc.rc_function_id,
                                          hdr, msg, ack_request=True))
 
 
-def quota_request(nc: NodeControl, control_id: int, quotas: tuple[SliceQuota, ...], ue_id: int = 0) -> bytes:
+def quota_request(nc: NodeControl, instance: int, quotas: tuple[SliceQuota, ...], ue_id: int = 0) -> bytes:
     hdr, msg = _quota_e2sm(tuple(quotas), nc.ids, ue_id)
-    return encode_e2ap(RicControlRequest(RicRequestId(CONTROL_REQUESTOR, control_id & 0xFFFF), nc.rc_function_id,
+    return encode_e2ap(RicControlRequest(RicRequestId(CONTROL_REQUESTOR, instance & 0xFFFF), nc.rc_function_id,
                                          hdr, msg, ack_request=True))
 
 
 @dataclass(frozen=True, kw_only=True)
 class ControlResult:
-    control_id: int                 # RIC instance ID the node echoed
+    instance: int                   # RIC instance ID the node echoed (shared by the controls to a node)
     ok: bool
     cause: str = ""
     requestor: int = CONTROL_REQUESTOR   # RIC requestor ID the node echoed
+
+    @property
+    def control_id(self) -> int:
+        """The instance ID, for callers that match by it as before issue 15 (with no subscription to route
+        by, the loop still puts `control_id & 0xffff` there); `xapp.loop.reply_owner` matches either."""
+        return self.instance
 
 
 def parse_control_reply(payload: bytes) -> ControlResult:
     """12041/12042 payload -> ControlResult; E2DecodeError or ValueError for anything else."""
     msg = decode_e2ap(payload)
     if isinstance(msg, RicControlAcknowledge):
-        return ControlResult(control_id=msg.request_id.instance, ok=True, requestor=msg.request_id.requestor)
+        return ControlResult(instance=msg.request_id.instance, ok=True, requestor=msg.request_id.requestor)
     if isinstance(msg, RicControlFailure):
         c = msg.cause
-        return ControlResult(control_id=msg.request_id.instance, ok=False, cause=f"{c.group}/{c.value}" if c else "",
+        return ControlResult(instance=msg.request_id.instance, ok=False, cause=f"{c.group}/{c.value}" if c else "",
                              requestor=msg.request_id.requestor)
     raise ValueError(f"expected RICcontrolAcknowledge/Failure, got {type(msg).__name__}")

@@ -40,7 +40,7 @@ from e2sm.kpm import (
     kpm_version_from_oid,
 )
 from e2sm.rc import SliceQuota
-from xapp.actuate import NodeControl, node_control, parse_control_reply
+from xapp.actuate import CONTROL_REQUESTOR, NodeControl, node_control, parse_control_reply
 from xapp.agents import AgentBook
 from xapp.broker import LeaseBroker
 from xapp.config import ConfigWatcher, XappConfig
@@ -58,6 +58,8 @@ from xapp.loop import (
     new_state,
     next_deadline,
     refresh_policy,
+    reply_owner,
+    set_control_tag,
     set_node,
     step,
 )
@@ -100,6 +102,7 @@ class Counters:
     controls_acked: int = 0
     controls_failed: int = 0
     control_replies_bad: int = 0
+    control_replies_unmatched: int = 0   # decodable replies to no control of ours (another xApp's, late)
     grants: int = 0
     revocations: dict = field(default_factory=dict)
     send_errors: int = 0
@@ -345,6 +348,12 @@ class XappApp:
         # a control still in flight is overtaken by the lift behind it on the same RMR connection.
         for rt in self.state.sites.values():
             rt.grant_sms = 0
+        # Controls to a node share its RIC instance ID and are answered in order: the replies of those
+        # still in flight come before the lift's own.
+        ahead: dict[tuple[str, int], int] = {}
+        for p in (*self.state.pending.values(), *self.state.orphans.values()):
+            k = (p.control.meid, p.control.wire_instance)
+            ahead[k] = ahead.get(k, 0) + 1
         self.state.busy_nodes.clear()
         held = [h.hard_end for rt in self.state.sites.values()
                 for h in rt.safety.held(self.now())]
@@ -356,15 +365,16 @@ class XappApp:
         except Exception:  # noqa: BLE001 - the shutdown goes on: leases are revoked already
             log.exception("shaping not lifted at shutdown")
             return 0
-        waiting = set()
+        waiting: dict[tuple[str, int], int] = {}    # (meid, instance) -> earlier replies still to come
         for c in controls:
             try:
-                await self.rmr.send(RmrMessage(mtype=MT_CONTROL_REQ, payload=c.payload, meid=c.meid, sub_id=-1))
+                await self.rmr.send(RmrMessage(mtype=MT_CONTROL_REQ, payload=c.payload, meid=c.meid,
+                                               sub_id=c.wire_instance))
             except RmrError as exc:
                 log.warning("shaping lift to %s not sent: %s", c.meid, exc)
                 continue
             self.counters.controls_sent += 1
-            waiting.add(c.control_id)
+            waiting[(c.meid, c.wire_instance)] = ahead.get((c.meid, c.wire_instance), 0)
             self.note_control_id(c.control_id)
         acked, deadline = 0, self.now() + self.lift_ack_wait_s
         while waiting and self.now() < deadline:       # the rx task is gone: read the replies here
@@ -376,9 +386,13 @@ class XappApp:
                 continue
             with contextlib.suppress(E2DecodeError, ValueError):
                 r = parse_control_reply(msg.payload)
-                if r.control_id in waiting:
-                    waiting.discard(r.control_id)
-                    acked += int(r.ok)
+                k = (msg.meid, r.instance)
+                if k in waiting and r.requestor == CONTROL_REQUESTOR:
+                    if waiting[k]:
+                        waiting[k] -= 1               # a control sent before the lift
+                    else:
+                        del waiting[k]
+                        acked += int(r.ok)
         log.info("shaping lifted at shutdown: %d controls, %d acknowledged", len(controls), acked)
         return acked
 
@@ -542,6 +556,7 @@ class XappApp:
         self.ingest.remove(rec.e2_event_instance_id)
         if self.subscriptions.get(rec.meid) is rec:
             self.subscriptions.pop(rec.meid)
+            set_control_tag(self.state, rec.meid, None)      # its sub_id no longer routes replies to us
 
     def _heal(self, rec: SubscriptionRecord, why: str, *, delete: bool) -> None:
         """Subscribe `rec`'s node again. `delete`: SubMgr still holds `rec` (silent KPM), delete it first;
@@ -664,6 +679,7 @@ class XappApp:
         st = self._status(rec.meid)
         st.enter("active", self.wall())
         st.subscription_id, st.sub_id = rec.subscription_id, rec.e2_event_instance_id
+        set_control_tag(self.state, rec.meid, rec.e2_event_instance_id)   # controls' replies route by it
         self.ingest.add(KpmSubscription(rec.e2_event_instance_id, rec.meid, rec.ran_function_id, version, keys))
 
     async def _delete_subscription(self, rec: SubscriptionRecord) -> None:
@@ -770,8 +786,12 @@ class XappApp:
                     log.warning("control reply dropped (node %r, mtype %d, %d so far): %s", msg.meid, msg.mtype,
                                 n, exc)
                 return
-            self.results.append(ControlOutcome(control_id=r.control_id, ok=r.ok, cause=r.cause, meid=msg.meid,
-                                               requestor=r.requestor))
+            out = ControlOutcome(instance=r.instance, ok=r.ok, cause=r.cause, meid=msg.meid, requestor=r.requestor)
+            if reply_owner(self.state, out) is None:
+                # on a RIC with several xApps the default route brings other xApps' replies here
+                self.counters.control_replies_unmatched += 1
+                return
+            self.results.append(out)
         else:                   # cheap to refuse: not held against the source (an E2 term may relay some)
             n = self.counters.rmr_other = self.counters.rmr_other + 1
             if n <= 5 or n & (n - 1) == 0:
@@ -813,7 +833,11 @@ class XappApp:
         inputs = Inputs(samples=tuple(self.samples), results=tuple(self.results), agents=agents,
                         lost_nodes=frozenset(self.lost_nodes), releases=tuple(self.releases))
         self.samples, self.results, self.releases = [], [], []
-        results = {r.control_id: r for r in inputs.results}
+        results = {}
+        for r in inputs.results:       # the loop matches them the same way (xapp.loop.reply_owner)
+            cid = reply_owner(self.state, r)
+            if cid is not None:
+                results.setdefault(cid, r)
         pending = dict(self.state.pending)
         now = self.now()
         if self.recorder is not None:
@@ -859,7 +883,8 @@ class XappApp:
 
     async def _perform(self, a) -> None:
         if isinstance(a, SendControl):
-            msg = RmrMessage(mtype=MT_CONTROL_REQ, payload=a.payload, meid=a.meid, sub_id=-1)
+            # sub_id = the RIC instance ID, as a framework xApp sends it (e2term routes the request by meid)
+            msg = RmrMessage(mtype=MT_CONTROL_REQ, payload=a.payload, meid=a.meid, sub_id=a.wire_instance)
             try:
                 await self.rmr.send(msg)
                 self.note_control_id(a.control_id)

@@ -24,6 +24,14 @@ Fail-safe rules (RAN first; architecture.md): a site's lease is revoked at once 
 A site that held no lease for `LIFT_AFTER_PERIODS` has its shaping lifted (envelope = whole GPU, caps
 cleared); `lift_shaping` does the same for every node at shutdown.
 
+Control replies on a RIC with several xApps: e2term sets an ACK's RMR sub_id to the request's RIC
+instance ID and rtmgr routes it by sub_id to the xApp owning that subscription (any other sub_id to one
+arbitrary xApp). So a control's instance ID is the sub_id of one of this xApp's live subscriptions -- the
+node's own (`set_control_tag`), else any -- and every control to a node shares it. A reply is matched by
+requestor, node and instance to the control in flight there (one per node, replies in send order); a
+control that timed out stays an orphan, which takes the next reply with its instance and keeps the node
+busy until then (or `ORPHAN_TIMEOUTS` timeouts), so a late ACK never acknowledges a newer control.
+
 Isolation: each site's part of a step (its samples, control results, fail-safe checks and decision) runs
 on its own; an exception there revokes that site's lease and holds it conservative for
 `FAILSAFE_PERIODS` (`site-error`), while every other site is decided as usual. A grant that the failing
@@ -50,6 +58,7 @@ MISS_HOLDOFF_PERIODS = 50      # a reported deadline miss: no grant for 5 s at 1
 LIFT_AFTER_PERIODS = 50        # no lease held for this long: lift the shaping
 DELAY_WINDOW = 64              # samples per node in the window of the transit-delay floor
 TICK_SLACK = 1e-6        # float sums of periods drift; a tick 1 us early is the same tick
+ORPHAN_TIMEOUTS = 4      # a timed-out control's late reply is awaited this many control timeouts
 
 
 # ----------------------------------------------------------------------------- actions
@@ -57,13 +66,21 @@ TICK_SLACK = 1e-6        # float sums of periods drift; a tick 1 us early is the
 
 @dataclass(frozen=True, kw_only=True)
 class SendControl:
-    control_id: int
+    control_id: int                  # the loop's own id of this control (unique, never on the wire as such)
     site_id: str
     meid: str
     payload: bytes                   # complete E2AP RICcontrolRequest
     kind: str                        # envelope | quota
     envelope_sms: int
     quotas: tuple[SliceQuota, ...] = ()
+    # The RIC instance ID on the wire (and the RMR sub_id to send with): one of this xApp's live
+    # subscriptions' sub_id, so the reply routes back here (`control_instance`); every control to the
+    # node shares it. None: no subscription to route by; the wire carries `control_id & 0xffff`.
+    instance: int | None = None
+
+    @property
+    def wire_instance(self) -> int:
+        return self.control_id & 0xFFFF if self.instance is None else self.instance
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,11 +108,15 @@ Action = SendControl | GrantLease | RevokeLease
 
 @dataclass(frozen=True, kw_only=True)
 class ControlOutcome:
-    control_id: int                  # RIC instance id of the request
+    """A control's reply. From the wire: `instance` = the RIC instance ID it echoes, matched to the control
+    in flight by requestor, node and instance (`reply_owner`). `instance` None: `control_id` names the
+    control directly (a caller that matched it itself, as the virtual-time bench)."""
     ok: bool
+    control_id: int = 0
     cause: str = ""
     meid: str = ""                   # node the reply came from ("": not checked, the virtual-time bench)
     requestor: int = CONTROL_REQUESTOR
+    instance: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,7 +210,9 @@ class LoopState:
     sites: dict[str, SiteRuntime]
     next_tick: float
     pending: dict[int, PendingControl] = field(default_factory=dict)
-    busy_nodes: dict[str, int] = field(default_factory=dict)     # meid -> pending control id
+    busy_nodes: dict[str, int] = field(default_factory=dict)     # meid -> pending (or orphaned) control id
+    control_tags: dict[str, int] = field(default_factory=dict)   # meid -> its live subscription's sub_id
+    orphans: dict[str, PendingControl] = field(default_factory=dict)   # meid -> timed out, reply not seen
     busy_sites: dict[str, int] = field(default_factory=dict)     # site -> pending controls
     next_control_id: int = 1
     events: deque = field(default_factory=lambda: deque(maxlen=1000))   # (t, site, kind, detail)
@@ -280,6 +303,8 @@ def next_deadline(state: LoopState) -> float:
     timeout = state.cfg.actuation.control_timeout_ms / 1000.0
     for p in state.pending.values():
         t = min(t, p.sent + timeout)
+    for o in state.orphans.values():
+        t = min(t, o.sent + ORPHAN_TIMEOUTS * timeout)
     limit = stale_limit(state)
     for rt in state.sites.values():
         if rt.grant_sms > 0:
@@ -314,6 +339,12 @@ def _accept(state: LoopState, rt: SiteRuntime, s: KpmSample) -> bool:
     return True
 
 
+def _drop_orphan(state: LoopState, meid: str) -> None:
+    o = state.orphans.pop(meid, None)
+    if o is not None and state.busy_nodes.get(meid) == o.control.control_id:
+        del state.busy_nodes[meid]
+
+
 def _pop_pending(state: LoopState, cid: int) -> PendingControl | None:
     p = state.pending.pop(cid, None)
     if p is not None:
@@ -330,6 +361,47 @@ def _add_pending(state: LoopState, ctl: SendControl, now: float) -> None:
     state.pending[ctl.control_id] = PendingControl(ctl, now)
     state.busy_nodes[ctl.meid] = ctl.control_id
     state.busy_sites[ctl.site_id] = state.busy_sites.get(ctl.site_id, 0) + 1
+
+
+def set_control_tag(state: LoopState, meid: str, sub_id: int | None) -> None:
+    """The shell's: `meid`'s live KPM subscription is `sub_id` (None: it has none now). Controls to the
+    node carry it as RIC instance ID, so their replies route back to this xApp."""
+    if sub_id is None:
+        state.control_tags.pop(meid, None)
+    else:
+        state.control_tags[meid] = sub_id & 0xFFFF
+
+
+def control_instance(state: LoopState, meid: str) -> int | None:
+    """The RIC instance ID for a control to `meid`: its own subscription's sub_id, else any of this
+    xApp's (rtmgr's routes go by sub_id alone), else None (no route back; a unique id then)."""
+    tag = state.control_tags.get(meid)
+    if tag is None and state.control_tags:
+        tag = next(iter(state.control_tags.values()))
+    return tag
+
+
+def reply_owner(state: LoopState, r: ControlOutcome) -> int | None:
+    """The control id a reply belongs to: the orphan at its node with its instance ID if there is one
+    (sent earlier, so answered first), else the control in flight there with that instance ID."""
+    if r.instance is None:
+        return r.control_id
+    o = state.orphans.get(r.meid)
+    if o is not None and o.control.wire_instance == r.instance:
+        return o.control.control_id
+    cid = state.busy_nodes.get(r.meid)
+    p = state.pending.get(cid) if cid is not None else None
+    return cid if p is not None and p.control.wire_instance == r.instance else None
+
+
+def _new_control(state: LoopState, rt: SiteRuntime, nc: NodeControl, kind: str, envelope_sms: int,
+                 quotas: tuple[SliceQuota, ...] = ()) -> SendControl:
+    cid, act, tag = state.next_control_id, state.cfg.actuation, control_instance(state, nc.meid)
+    wire = cid if tag is None else tag
+    payload = (envelope_request(nc, wire, envelope_sms, act.be_delay_budget_ms, act.ue_id) if kind == "envelope"
+               else quota_request(nc, wire, quotas, act.ue_id))
+    return SendControl(control_id=cid, site_id=rt.cfg.site_id, meid=nc.meid, payload=payload, kind=kind,
+                       envelope_sms=envelope_sms, quotas=quotas, instance=tag)
 
 
 def _round_down(x: float, step: int) -> int:
@@ -390,12 +462,19 @@ def _ingest_one(state: LoopState, rt: SiteRuntime, s: KpmSample | KpmRefusal, no
 def _results(state: LoopState, results: tuple[ControlOutcome, ...], now: float, actions: list,
              only: str | None = None) -> None:
     for r in results:
-        p = state.pending.get(r.control_id)
+        cid = reply_owner(state, r)
+        o = state.orphans.get(r.meid) if r.instance is not None else None
+        if o is not None and o.control.control_id == cid and r.requestor == CONTROL_REQUESTOR \
+                and (only is None or o.control.site_id == only):
+            _drop_orphan(state, r.meid)       # the late reply of a timed-out control: proves nothing now
+            state.events.append((now, o.control.site_id, "control-late-reply", r.meid))
+            continue
+        p = state.pending.get(cid) if cid is not None else None
         # a reply is ours when requestor, node and instance id all match a control in flight
         if p is None or r.requestor != CONTROL_REQUESTOR or (r.meid and r.meid != p.control.meid) \
                 or (only is not None and p.control.site_id != only):
             continue
-        _pop_pending(state, r.control_id)
+        _pop_pending(state, cid)
         rt = state.sites[p.control.site_id]
         try:
             _result_one(state, rt, p, r, now, actions)
@@ -420,9 +499,17 @@ def _result_one(state: LoopState, rt: SiteRuntime, p: PendingControl, r: Control
 
 def _timeouts(state: LoopState, now: float, actions: list, only: str | None) -> None:
     timeout = state.cfg.actuation.control_timeout_ms / 1000.0
+    for meid, o in list(state.orphans.items()):
+        if now - o.sent >= ORPHAN_TIMEOUTS * timeout and (only is None or o.control.site_id == only):
+            _drop_orphan(state, meid)         # its reply is lost for good: the node may be sent to again
     for cid, p in list(state.pending.items()):
         if now - p.sent >= timeout and (only is None or p.control.site_id == only):
             _pop_pending(state, cid)
+            if p.control.instance is not None:
+                # its instance ID is shared: a late reply would pass for the next control's, so the
+                # node takes none until that reply is in (or is given up on)
+                state.orphans[p.control.meid] = p
+                state.busy_nodes[p.control.meid] = cid
             rt = state.sites[p.control.site_id]
             rt.safety.control_timed_out(p.control.meid, cid)
             rt.sent_caps_by_node.pop(p.control.meid, None)
@@ -642,7 +729,6 @@ def _lift(state: LoopState, rt: SiteRuntime, now: float, actions: list, force: b
         return False
     if rt.safety.agent_sms(now) > 0 or rt.grant_sms > 0:
         return False
-    act = state.cfg.actuation
     for nc in rt.nodes.values():
         if nc.meid in state.busy_nodes:
             continue
@@ -651,10 +737,7 @@ def _lift(state: LoopState, rt: SiteRuntime, now: float, actions: list, force: b
         elif nc.mode == "quota" and rt.cfg.best_effort_slices:
             q = tuple(SliceQuota(sst=b.sst, sd=b.sd, min_ratio=0, max_ratio=100) for b in rt.cfg.best_effort_slices)
             if rt.sent_caps_by_node.get(nc.meid) != q:
-                _send_control(state, rt, nc, SendControl(
-                    control_id=state.next_control_id, site_id=rt.cfg.site_id, meid=nc.meid, kind="quota",
-                    payload=quota_request(nc, state.next_control_id, q, act.ue_id), envelope_sms=rt.cfg.gpu_sms,
-                    quotas=q), now, actions)
+                _send_control(state, rt, nc, _new_control(state, rt, nc, "quota", rt.cfg.gpu_sms, q), now, actions)
     if not rt.lifted:
         state.events.append((now, rt.cfg.site_id, "lift", "shaping lifted: envelope = whole GPU, caps cleared"))
     rt.lifted = True
@@ -710,10 +793,7 @@ def _actuate(state: LoopState, rt: SiteRuntime, now: float, envelope: int | None
             q = quotas[nc.meid]
             if _caps_unchanged(rt.sent_caps_by_node.get(nc.meid), q, act.caps_hysteresis_pct):
                 continue
-            cid = state.next_control_id
-            _send_control(state, rt, nc, SendControl(
-                control_id=cid, site_id=rt.cfg.site_id, meid=nc.meid, payload=quota_request(nc, cid, q, act.ue_id),
-                kind="quota", envelope_sms=sized, quotas=q), now, actions)
+            _send_control(state, rt, nc, _new_control(state, rt, nc, "quota", sized, q), now, actions)
 
 
 def _send_envelope(state: LoopState, rt: SiteRuntime, nc: NodeControl, target: int, now: float, actions: list,
@@ -727,11 +807,7 @@ def _send_envelope(state: LoopState, rt: SiteRuntime, nc: NodeControl, target: i
     if not rt.safety.may_send_envelope(nc.meid, target, now):
         rt.deferred_envelope = max(target, rt.deferred_envelope or 0)
         return
-    cid = state.next_control_id
-    act = state.cfg.actuation
-    _send_control(state, rt, nc, SendControl(
-        control_id=cid, site_id=rt.cfg.site_id, meid=nc.meid, kind="envelope", envelope_sms=target,
-        payload=envelope_request(nc, cid, target, act.be_delay_budget_ms, act.ue_id)), now, actions)
+    _send_control(state, rt, nc, _new_control(state, rt, nc, "envelope", target), now, actions)
 
 
 def _send_envelopes(state: LoopState, rt: SiteRuntime, now: float, target: int, actions: list) -> None:

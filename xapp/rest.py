@@ -245,6 +245,9 @@ async def metrics(request):
               f'weaver_controls_total{{result="sent"}} {c.controls_sent}',
               f'weaver_controls_total{{result="ack"}} {c.controls_acked}',
               f'weaver_controls_total{{result="failed"}} {c.controls_failed}',
+              # replies to no control of ours: another xApp's on the RIC's default route, or late
+              "# TYPE weaver_control_replies_unmatched_total counter",
+              f"weaver_control_replies_unmatched_total {c.control_replies_unmatched}",
               "# TYPE weaver_lease_grants_total counter", f"weaver_lease_grants_total {c.grants}",
               "# TYPE weaver_lease_revocations_total counter"]
     lines += [f'weaver_lease_revocations_total{{reason="{k}"}} {v}' for k, v in sorted(c.revocations.items())]
