@@ -47,8 +47,10 @@ class SubscriptionStatus:
 
 
 def same_subscription(d: object, rec: SubscriptionRecord) -> bool:
-    """A GET /ric/v1/subscriptions entry is ours: OSC lists the E2 instance ID as SubscriptionId (with
-    Meid); a REST id may appear as SubscriptionId or RestSubscriptionId."""
+    """A GET /ric/v1/subscriptions entry is ours. OSC's SubMgr (registry.go QueryHandler) lists each E2
+    subscription as {SubscriptionId: its E2 instance ID, Meid, ClientEndpoint, SubscriptionInstances:
+    null}, with no REST id -- the mini-RIC lists the same since issue 15 -- so that is the match that
+    counts; a REST id as SubscriptionId or RestSubscriptionId (other lists' shapes) matches too."""
     if not isinstance(d, dict):
         return False
     if rec.subscription_id in (d.get("SubscriptionId"), d.get("RestSubscriptionId")):
