@@ -1,14 +1,25 @@
 """`weaver bench policies`: the four grant policies (weaver in two actuation modes) on the same work.
 
+One loop: every arm is decided by the xApp's own control loop, `xapp.loop.step`, configured from the
+shipped descriptor as `weaver up` configures it (`testbed.bench.liveloop`): the nodes' real KPM bytes
+decoded by `xapp.ingest`, the same estimator, policy objects, guard, hysteresis, RAN-first ledger and ACK
+gating, its RC controls (real E2AP bytes) applied by the testbed E2 node's control code, the ACK and the
+agent's lease release back `--ack-delay-ms` later (15 ms), its `GrantLease` the arm's lease. So every arm
+carries the same actuation costs, and the knob floors of the config (`xapp.invariant`) hold: no guard,
+margin or reservation below one partition step. The JSON says per arm `"driver": "xapp.loop.step"` and the
+ACK delay.
+
 Measurement discipline (architecture.md):
 - Equal reliability: each arm's knob (static reservation, reactive margin, weaver guard) is tuned on a
   calibration trace (seed S) to the deadline-miss target, then measured on an evaluation trace (seed S+1).
   Misses are split: slots where the RAN alone overran the whole GPU (`ran_overload_rate`, a miss with no
   training at all, which only shaping can avoid) and the rest (`training_miss_rate`, caused by the
   grant), which is what the knobs are tuned on; `deadline_miss_rate` is their sum.
-  Training does not change RAN demand in the model, so for a given shaping run every knob value can be
-  replayed offline from the recorded per-slot demand: one calibration and one evaluation simulation per
-  shaping (none, envelope, quota), every knob value evaluated exactly.
+  Training does not change RAN demand in the model, and the unshaped arms send no control that changes
+  the RAN, so one unshaped run per split records the KPM bytes its nodes send and static, reactive and
+  oracle replay them through the loop, one replay per knob value looked at (bisection). Weaver's guard
+  also decides when a looser envelope may go out (the ledger), so each guard looked at is a whole shaped
+  run: from the guard an offline recomputation of the first run suggests, walked down or up.
 - Absolute numbers beside ratios; load regime (measured) and partition mechanism stated.
 - Usable spare per lease: min(grant, SMs above the lease's highest per-slot RAN demand, rounded down to
   the granularity) x time, in runs of one partition size counted as compute-and-training-facts.md
