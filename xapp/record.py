@@ -77,7 +77,8 @@ def inputs_of(d: dict) -> Inputs:
 def action_json(a: Action) -> dict:
     if isinstance(a, SendControl):
         return {"type": "control", "control_id": a.control_id, "site_id": a.site_id, "meid": a.meid, "kind": a.kind,
-                "envelope_sms": a.envelope_sms, "payload": a.payload.hex(), "quotas": [asdict(q) for q in a.quotas]}
+                "envelope_sms": a.envelope_sms, "payload": a.payload.hex(), "quotas": [asdict(q) for q in a.quotas],
+                "instance": a.instance}
     if isinstance(a, GrantLease):
         return {"type": "grant", **asdict(a)}
     if isinstance(a, RevokeLease):
@@ -91,7 +92,7 @@ def action_of(d: dict) -> Action:
     if kind == "control":
         return SendControl(control_id=d["control_id"], site_id=d["site_id"], meid=d["meid"], kind=d["kind"],
                            envelope_sms=d["envelope_sms"], payload=bytes.fromhex(d["payload"]),
-                           quotas=tuple(SliceQuota(**q) for q in d["quotas"]))
+                           quotas=tuple(SliceQuota(**q) for q in d["quotas"]), instance=d.get("instance"))
     return GrantLease(**d) if kind == "grant" else RevokeLease(**d)
 
 
@@ -112,6 +113,7 @@ def external(state: LoopState) -> dict:
     """The parts of the loop state the shell (xapp.app) sets outside `step`."""
     return {"leader": state.control_leader, "grant_not_before": state.grant_not_before,
             "next_control_id": state.next_control_id,
+            "control_tags": dict(state.control_tags),     # each node's RIC instance ID (its sub_id)
             "grants": {sid: rt.grant_sms for sid, rt in state.sites.items()},
             "nodes": {m: node_json(nc) for rt in state.sites.values() for m, nc in rt.nodes.items()}}
 
@@ -143,6 +145,8 @@ def apply_ext(state: LoopState, ext: dict) -> None:
         state.grant_not_before = ext["grant_not_before"]
     if "next_control_id" in ext:
         state.next_control_id = ext["next_control_id"]
+    if "control_tags" in ext:
+        state.control_tags = {m: int(t) for m, t in ext["control_tags"].items()}
     for sid, g in ext.get("grants", {}).items():
         state.sites[sid].grant_sms = g
 
