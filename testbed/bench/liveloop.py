@@ -284,8 +284,9 @@ class LiveLoop:
                         self.tally.acks += 1
                     else:
                         self.tally.failures += 1
+                    # matched as the live xApp matches it (requestor, node, the instance the reply echoes)
                     self._later(now + self.rtt_s, "result", ControlOutcome(
-                        control_id=r.control_id, ok=r.ok, cause=r.cause, meid=a.meid, requestor=r.requestor))
+                        instance=r.instance, ok=r.ok, cause=r.cause, meid=a.meid, requestor=r.requestor))
             elif isinstance(a, GrantLease):
                 prev, self.lease_seq[a.site_id] = self.lease_seq[a.site_id], a.seq
                 self.grants[a.site_id] = a.sm_count
