@@ -24,6 +24,17 @@ A caller may also set `deadline` (agent clock; None: none), a hard end of its ow
 round's work deadline: no launch or step is planned to end after it, and once nothing fits before it
 the decision is Idle(until=deadline, "round-deadline"). It bounds the work, not the lease: work that
 ends after it is no overrun (only the window's end, the budget and the lease's expiry make one).
+
+Host CPU (CPU execution only). Where the leased device is the host's own cores, what the lease grants
+is the whole process's CPU time, not only the training loop's: gRPC and lease-client threads,
+checkpoints and cross-site host work run on the same clock the platform meters. A caller in that mode
+passes readings of the process CPU clock (all threads) with `note_process_cpu(now, cpu_s, threads)`;
+the CPU beyond what the recorded work itself used (at most its wall time x `threads`) is host
+overhead, charged to the window it ran in. The window's busy budget is then the lease's less the
+larger of the host CPU charged to it so far and the host CPU expected of a whole period (a peak
+tracker over past periods: a burst raises it at once, it decays slowly), and less the previous
+period's excess (busy + host over the grant), all divided by `threads`, never below 0. Without
+readings (a GPU, where host CPU is no GPU SM, or a caller that passes none) nothing changes.
 """
 from __future__ import annotations
 
@@ -41,6 +52,7 @@ MIN_FRACTION = 1 / 16     # shortest sequence share a tail-filling micro-batch m
 EDGE_QUANTILE = 0.97      # residual quantile for a launch that ends at the window's edge (see decide)
 COLD_GAP_S = 0.001        # a launch starting this long after the last work ended runs cold (see StepTimeFit)
 MIN_POOL = 8              # residuals a cold/warm pool needs before its own quantiles replace the pooled ones
+HOST_DECAY = 0.8          # per period: how fast the expected host CPU of a period forgets a burst
 
 
 @dataclass(frozen=True)
@@ -268,6 +280,8 @@ class _Window:
     micro_batches: int = 0
     samples: int = 0
     steps: int = 0
+    host_s: float = 0.0     # host CPU (core-seconds) beyond the recorded work, charged to this window
+    debt_s: float = 0.0     # busy time the previous period's excess over its grant takes from this one
 
     @property
     def end(self) -> float:
@@ -292,6 +306,12 @@ class BudgetEnforcer:
         self._probing = False
         self._last_end = -math.inf      # when the last measured work ended (cold/warm launches)
         self.deadline: float | None = None  # the caller's own hard end (agent clock), e.g. a round's work deadline
+        # Host CPU (see the module doc): the last process CPU reading and when it was taken, what the
+        # recorded work used since (CPU, wall), the cores the work may use, and a period's expected host CPU.
+        self._cpu_mark: tuple[float, float] | None = None
+        self._work_cpu = self._work_wall = 0.0
+        self.host_threads = 1
+        self.host_expected_s = 0.0
 
     # --- lease events ----------------------------------------------------------------------------
     def _stale(self, terms: LeaseTerms) -> bool:
@@ -359,9 +379,9 @@ class BudgetEnforcer:
                 self._close(lease.expires_at, EXPIRED)
                 self.lease, self.last_end_reason = None, EXPIRED
             elif self.window.end <= now:
-                end = self.window.end
+                w, end = self.window, self.window.end
                 self._close(end, PERIOD)
-                self.window = _Window(lease, end)
+                self.window = _Window(lease, end, debt_s=self._excess(w))
             else:
                 break
 
@@ -401,10 +421,11 @@ class BudgetEnforcer:
             return Idle(min(w.end, lease.expires_at), "zero-lease")
         lease_end = min(w.end, lease.expires_at)
         hard_end = lease_end if self.deadline is None else min(lease_end, self.deadline)
-        remaining = min(lease.budget_s - w.busy_s, hard_end - now)
+        budget = self.busy_budget(w)
+        remaining = min(budget - w.busy_s, hard_end - now)
         # Nothing fitting before the caller's deadline (when it, not the lease, is what binds) waits for it.
         idle = Idle(hard_end, "round-deadline") \
-            if hard_end - now < min(lease.budget_s - w.busy_s, lease_end - now) else Idle(lease_end, "budget-spent")
+            if hard_end - now < min(budget - w.busy_s, lease_end - now) else Idle(lease_end, "budget-spent")
 
         def before_deadline(seconds: float) -> bool:    # a planned overrun of the lease, never of the deadline
             return self.deadline is None or now + seconds <= self.deadline
@@ -505,7 +526,43 @@ class BudgetEnforcer:
             return None
         return Launch(n, self.fit.predict(n * frac, edge=edge, cold=cold), frac)
 
+    def busy_budget(self, w: _Window | None = None) -> float:
+        """Busy time window `w` (the current one) may use: the lease's budget less its host CPU share
+        (see the module doc); the lease's budget itself when no process CPU was noted."""
+        w = w or self.window
+        if w is None:
+            return 0.0
+        host = max(self.host_expected_s, w.host_s) / self.host_threads
+        return max(0.0, w.lease.budget_s - host - w.debt_s)
+
+    def _excess(self, w: _Window) -> float:
+        """Busy time a full period's work plus host CPU took beyond its grant (0 without host readings)."""
+        if self._cpu_mark is None:
+            return 0.0
+        # the peak tracker: a burst sets the expectation at once, a quiet period lowers it by HOST_DECAY
+        self.host_expected_s = max(w.host_s, HOST_DECAY * self.host_expected_s + (1 - HOST_DECAY) * w.host_s)
+        excess = w.busy_s + w.host_s / self.host_threads - w.lease.budget_s
+        return min(max(0.0, excess), w.lease.budget_s)
+
     # --- measurements ----------------------------------------------------------------------------
+    def note_process_cpu(self, now: float, cpu_s: float, threads: int = 1) -> None:
+        """A reading `cpu_s` of the process CPU clock (all threads, e.g. time.process_time()) at `now`, in
+        CPU execution mode only (see the module doc). The CPU since the last reading beyond what the work
+        recorded since then used (its CPU, at most its wall time x `threads`) is host overhead, charged to
+        the current window (the share of the interval since it started, when it started after the last
+        reading). Call it between launches: before `decide` and before `close_windows`."""
+        self.host_threads = max(1, threads)
+        mark, self._cpu_mark = self._cpu_mark, (now, cpu_s)
+        own = min(self._work_cpu, self._work_wall * self.host_threads)
+        self._work_cpu = self._work_wall = 0.0
+        w = self.window
+        if mark is None or w is None or now <= w.start:
+            return
+        host = max(0.0, cpu_s - mark[1] - own)
+        if mark[0] < w.start:
+            host *= (now - w.start) / (now - mark[0])
+        w.host_s += host
+
     def record_micro_batch(self, size: int, started: float, ended: float, cpu_s: float = 0.0,
                            fraction: float = 1.0) -> None:
         """A micro-batch of `size` samples, each `fraction` of the full sequence, ran from `started` to `ended`."""
@@ -530,6 +587,8 @@ class BudgetEnforcer:
 
     def _account(self, started: float, ended: float, cpu_s: float, samples: int = 0, step: bool = False) -> None:
         self._last_end = max(self._last_end, ended)
+        self._work_cpu += cpu_s
+        self._work_wall += ended - started
         w = self.window
         if w is None or started < w.start:
             return   # work of a window already closed (e.g. revoked mid-batch): its report is out

@@ -227,6 +227,7 @@ class SiteAgent:
     def _leased_iteration(self) -> None:
         c = self.config.train
         with self._lock:
+            self._note_host_cpu()
             d = self.enforcer.decide(self.clock(), self.trainer.pending_samples, c.step_samples)
         if isinstance(d, Launch):
             self._use_threads(self.enforcer.lease.sm_count)
@@ -465,8 +466,16 @@ class SiteAgent:
     def _report_closed(self) -> None:
         """Publish every window closed by now (period ends, expiries, lease events)."""
         with self._lock:
+            self._note_host_cpu()
             closed = self.enforcer.close_windows(self.clock())
         self._publish(closed)
+
+    def _note_host_cpu(self) -> None:
+        """On a CPU-only site the lease grants the whole process's CPU time (all threads: gRPC, lease
+        client, checkpoints, cross-site host work), which is what the platform meters: give the enforcer
+        the process CPU clock so it charges host CPU to the lease. On a GPU host CPU is no GPU SM."""
+        if self.device.kind == "cpu" and self.modes.device == GPU:
+            self.enforcer.note_process_cpu(self.clock(), time.process_time(), max(1, self._threads))
 
     def _publish(self, reports: list[WindowReport]) -> None:
         for r in reports:

@@ -595,3 +595,65 @@ def test_no_planned_launch_or_step_is_predicted_to_end_past_the_deadline(points,
         assert d.predicted_s <= enf.deadline + 1e-12
     elif enf.deadline < duty * period:
         assert d == Idle(enf.deadline, "round-deadline")
+
+
+def drive_with_host(enf, dev, until, period, duty, host_per_period, note=True):
+    """The trainer loop in virtual time on a CPU-only site: the process CPU clock advances by the work's
+    own time plus host CPU (other threads) at `host_per_period` per period; with `note`, the caller
+    passes its readings to the enforcer before each decision and each close, as site_agent does."""
+    now, pending, work_cpu, reports = 0.0, 0, 0.0, []
+    renew = renewer(enf, period, duty=duty, valid=3 * period)
+
+    def reading(t):
+        return work_cpu + host_per_period / period * t
+    while now < until:
+        renew(now)
+        if note:
+            enf.note_process_cpu(now, reading(now))
+        d = enf.decide(now, pending, 8)
+        if isinstance(d, Launch):
+            t = dev.micro_batch(d.size * d.fraction)
+            work_cpu += t
+            enf.record_micro_batch(d.size, now, now + t, t, d.fraction)
+            now, pending = now + t, pending + d.size
+        elif isinstance(d, StepNow):
+            t = dev.optimizer_step()
+            work_cpu += t
+            enf.record_step(now, now + t, t)
+            now, pending = now + t, 0
+        else:
+            now = min(d.until if d.until is not None else until, now + 0.05, until) + 1e-6
+        if note:
+            enf.note_process_cpu(now, reading(now))
+        reports += enf.close_windows(now)
+    return [r for r in reports if r.end == "period"][5:]
+
+
+@pytest.mark.parametrize("period,duty,host", [(0.1, 0.6, 0.015), (0.05, 0.8, 0.01)])
+def test_host_cpu_is_charged_to_the_lease_in_cpu_mode(period, duty, host):
+    """CPU execution: the lease grants the whole process's CPU, so with host CPU H per period (gRPC and
+    other threads) the training loop is busy for about duty x period - H, and busy + host stays
+    within the grant; without process CPU readings (a GPU) the busy budget is the whole duty x period."""
+    budget = duty * period
+    full = drive_with_host(BudgetEnforcer(), AffineDevice(seed=7), 40 * period, period, duty, host)
+    assert len(full) >= 30
+    busy = sum(r.busy_s for r in full) / len(full)
+    assert busy <= (budget - host) * 1.02                           # host CPU came out of the busy budget
+    assert busy >= (budget - host) * 0.75                           # and no more than it
+    assert max(r.busy_s for r in full) + host <= budget + 0.1 * period
+    gpu = drive_with_host(BudgetEnforcer(), AffineDevice(seed=7), 40 * period, period, duty, host, note=False)
+    assert sum(r.busy_s for r in gpu) / len(gpu) > budget - host * 0.5    # unchanged without readings
+
+
+def test_host_cpu_noted_twice_without_work_is_charged_once():
+    enf = BudgetEnforcer()
+    enf.on_lease(lease(0.0, period=0.1, valid=0.3, duty=0.5, seq=1))
+    assert enf.busy_budget() == pytest.approx(0.05)
+    enf.note_process_cpu(0.0, 1.0)
+    enf.note_process_cpu(0.01, 1.004)        # 4 ms of host CPU, no work recorded
+    enf.note_process_cpu(0.02, 1.004)
+    assert enf.busy_budget() == pytest.approx(0.046)
+    enf.record_micro_batch(4, 0.02, 0.03, 0.012)     # 2 ms of its CPU ran on other threads
+    enf.note_process_cpu(0.03, 1.016)
+    assert enf.busy_budget() == pytest.approx(0.044)
+    assert enf.busy_budget() >= 0.0
