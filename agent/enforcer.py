@@ -452,7 +452,7 @@ class BudgetEnforcer:
         if step_due and s * remaining >= (self.step_estimate(EDGE_QUANTILE) if edge else step_time):
             return StepNow(step_time)
         if pending_samples >= 2 * step_samples and w.busy_s == 0 and remaining > 0 \
-                and step_time > s * lease.budget_s and before_deadline(step_time) and self._probe_due(w):
+                and step_time > s * self.busy_budget(w) and before_deadline(step_time) and self._probe_due(w):
             # Even a whole window's budget looks too small for the step, and a second step's worth of
             # samples piled up behind it (no window took it): take it now and then (as a probe) rather
             # than never, or training would stall with its gradients pending forever. While other

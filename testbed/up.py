@@ -131,7 +131,9 @@ def static_reserve_for(cfg: UpConfig, calibration_periods: int = 600) -> int:
     from xapp.policy import StaticPolicy
     sc = scenario_for(cfg)
     cal = simulate(sc, cfg.seed + 1000, calibration_periods, None)
-    return StaticPolicy.reservation_for(cal.demand, sc.sites[0].granularity, TARGET)
+    g = sc.sites[0].granularity
+    # a quiet calibration can give 0 (refused by the config floors): at least one step, at most the GPU
+    return max(g, min(StaticPolicy.reservation_for(cal.demand, g, TARGET), min(s.gpu_sms for s in sc.sites)))
 
 
 def site_name(i: int) -> str:

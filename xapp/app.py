@@ -752,7 +752,7 @@ class XappApp:
             try:
                 sample = self.ingest.indication(msg.sub_id, msg.meid, msg.payload, now)
                 self.samples.append(sample)
-                if not self._bad_sources.get(source) and hasattr(self.rmr, "favour"):
+                if not getattr(msg.via, "favoured", True) and not self._bad_sources.get(source):
                     self.rmr.favour(msg.via)   # it carries real KPM: its frames go ahead of other connections
                 self.last_kpm[sample.meid] = now
                 self.counters.indications += 1

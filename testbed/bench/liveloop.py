@@ -217,6 +217,7 @@ class LiveLoop:
         if [o.mtype for o in replies] != [SUB_RESP]:
             raise RuntimeError(f"{meid}: subscription refused ({[o.mtype for o in replies]})")
         self.sub_ids[meid] = i + 1          # SubMgr's E2 instance id is the indications' RMR sub_id
+        xloop.set_control_tag(self.state, meid, i + 1)   # controls carry it as instance id, as XappApp._activate
         self.ingest.add(KpmSubscription(i + 1, meid, kpm.ran_function_id, version,
                                         tuple(meas_key(m.name, m.labels[0] if m.labels else None) for m in meas)))
 
@@ -300,6 +301,7 @@ class LiveLoop:
                 if self.lease_seq[a.site_id]:
                     self._later(now + self.rtt_s, "release", LeaseRelease(
                         site_id=a.site_id, seq=self.lease_seq[a.site_id], reason="revoked"))
+                    self.lease_seq[a.site_id] = 0   # released: the next grant replaces nothing
 
     def grant_row(self) -> np.ndarray:
         return np.array([self.grants[s] for s in self.site_ids], dtype=int)

@@ -61,7 +61,8 @@ def test_weaver_up_30s(tmp_path, repo_root):
         assert site["deadline_misses_attributable_to_reported_lease"] == 0, site
         assert site["deadline_misses_attributable_to_training"] <= 1e-3 * site["slots"], site
         assert site["sm_seconds_executed"] > 0 and site["ground_truth"]["source"], site
-        assert site["sm_ms_beyond_lease_max"] <= site["sm_ms_beyond_lease_total"], site
+        # what ran beyond the held lease is part of what ran
+        assert site["sm_ms_beyond_lease_total"] <= site["sm_seconds_executed"] * 1000.0 + 1e-6, site
         # which policy inputs the site's decisions had and used (issue 14): the testbed's compute-aware
         # nodes measure every one, and most periods were decided on them
         pi = site["policy_inputs"]

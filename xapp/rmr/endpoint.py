@@ -562,7 +562,8 @@ class RmrEndpoint:
     def _enqueue(self, msg: RmrMessage) -> None:
         first = getattr(msg.via, "favoured", False)
         (self._inbox_first if first else self._inbox).append(msg)
-        if first and self._inbox_paused and len(self._inbox_first) >= self.queue_size // 2:
+        if first and self._inbox_paused and (len(self._inbox_first) >= self.queue_size // 2
+                                             or self._inbox_bytes >= self.max_buffered):
             msg.via.transport.pause_reading()   # favoured or not, no connection grows the queue unbounded
         self._inbox_bytes += len(msg.payload)
         if self._inbox_waiters:
@@ -571,7 +572,7 @@ class RmrEndpoint:
             self._inbox_paused = True
             # a favoured link keeps being read while its own frames are few: a flood that fills the queue
             # from other connections must not hold the E2 termination's frames back in the kernel
-            keep = len(self._inbox_first) < self.queue_size // 2
+            keep = len(self._inbox_first) < self.queue_size // 2 and self._inbox_bytes < self.max_buffered
             for link in self._links:
                 if link.transport is not None and not link.closed and not (keep and link.favoured):
                     link.transport.pause_reading()
@@ -682,8 +683,13 @@ class RmrEndpoint:
         """Let the messages of the connection `via` came on jump the receive queue (or stop that). The
         application decides whom it trusts - a connection that delivered valid frames and no bad ones -
         so that a flood on other connections queues behind, not ahead of, them."""
-        if isinstance(via, _Link):
+        if isinstance(via, _Link) and via.favoured != on:
             via.favoured = on
+            if on:   # its frames already queued move with it, in order (a later one must not overtake them)
+                mine = [m for m in self._inbox if m.via is via]
+                if mine:
+                    self._inbox = collections.deque(m for m in self._inbox if m.via is not via)
+                    self._inbox_first.extend(mine)
 
     def hold(self, via: object, seconds: float) -> bool:
         """Stop reading the connection a received message came on (its `via`) for `seconds`; False when
