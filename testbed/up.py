@@ -88,7 +88,11 @@ class UpConfig:
     rest_port: int = 0
     agent_preset: str = "tiny"
     run_dir: Path | None = None
-    guard_sms: int = 8
+    # The guard covers what an agent may run beyond its lease (the RAN-first sum). The testbed's agents are
+    # CPU stand-ins whose whole process CPU counts as SMs, host threads included (gRPC, cross-site rounds):
+    # measured beyond the held lease up to ~18-23 SMs in a period, so one partition step (8) is too little
+    # once the envelope sits on measured offered demand; three steps.
+    guard_sms: int = 24
     cross_site: bool = True
     # Coarse rounds: the transfer window (15 %) and the quorum are idle compute, and 3 agents + the
     # Lighthouse share a few cores here. The Lighthouse's timeouts derive from it (heartbeat R/2, join 1.5 R).
