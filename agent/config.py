@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from agent.job import JobSpec, SLOs
 from agent.model import GPTConfig
 
 MODES = ("cpu", "cpu_preferred", "gpu_preferred", "gpu")
@@ -114,6 +115,7 @@ class AgentConfig:
     enforcer: EnforcerConfig = field(default_factory=EnforcerConfig)
     lease: LeaseClientConfig = field(default_factory=LeaseClientConfig)
     modes: ModeConfig = field(default_factory=ModeConfig)
+    job: JobSpec = field(default_factory=JobSpec)   # what to train ("" target = the shipped char-GPT)
     device: str = "auto"          # auto | cpu | cuda
     cores: int = 0                # CPU cores offered to leases; 0 = os.cpu_count()
     checkpoint_dir: str = "checkpoints"
@@ -141,9 +143,9 @@ def _build(cls, data, where: str):
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
     kw = {}
     nested = {"model": GPTConfig, "train": TrainConfig, "enforcer": EnforcerConfig,
-              "lease": LeaseClientConfig, "modes": ModeConfig}
+              "lease": LeaseClientConfig, "modes": ModeConfig, "job": JobSpec, "slos": SLOs}
     for key, value in data.items():
-        if key in nested and isinstance(value, dict):
+        if key in nested and isinstance(value, dict) and not (cls is JobSpec and key == "args"):
             kw[key] = _build(nested[key], value, f"{where}.{key}")
         else:
             kw[key] = value

@@ -1,10 +1,12 @@
-"""Training, nanoGPT-clear: a `Trainer` that owns model + optimizer + counters, and one loop
-(`train_under_lease`) that asks the budget enforcer before every micro-batch.
+"""Training, nanoGPT-clear: a `Trainer` that owns a training job's counters and its device, and one
+loop (`train_under_lease`) that asks the budget enforcer before every micro-batch.
 
-Step API (used by the lease loop, the bench and the cross-site tier):
-    t = Trainer(TrainConfig(), CharCorpus.shakespeare())
+The job (`agent.job.TrainingJob`: model, optimizer, data, loss) is what a user writes; the Trainer is
+what the lease loop, the bench and the cross-site tier call, the same over every job:
+    t = Trainer(TrainConfig(), CharCorpus.shakespeare())   # the shipped char-GPT job
+    t = Trainer(config, job=load_job(spec, ctx))            # any job (config: the loop's settings)
     r = t.micro_batch(16)        # forward + backward; gradients accumulate
-    s = t.optimizer_step()       # mean gradient over everything accumulated, clip, AdamW step
+    s = t.optimizer_step()       # mean gradient over everything accumulated, clip, optimizer step
     t.train_steps(k, 16)         # k optimizer steps of one 16-sample micro-batch each
     t.evaluate()                 # validation loss on the held-out slice
 Gradients are accumulated as sums of per-sample losses and divided by the sample count at the
@@ -15,46 +17,34 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from agent.config import TrainConfig
-from agent.data import CharCorpus, Dataset
-from agent.model import GPT
+from agent.data import Dataset
+from agent.job import MicroBatchResult, StepResult, TrainingJob, check_job
+
+__all__ = ["MicroBatchResult", "StepResult", "Trainer"]
 
 log = logging.getLogger("weaver.agent.trainer")
 
 
-@dataclass(frozen=True)
-class MicroBatchResult:
-    samples: int
-    tokens: int
-    loss: float          # mean per-token loss of this micro-batch
-    wall_s: float        # host wall time (CUDA: event time, which excludes queueing before launch)
-    cpu_s: float         # process CPU time consumed (all threads), the CPU usage meter
-
-
-@dataclass(frozen=True)
-class StepResult:
-    step: int            # optimizer steps taken so far, after this one
-    samples: int         # samples in this optimizer batch
-    loss: float          # mean loss over the accumulated samples
-    grad_norm: float
-    applied: bool        # False when loss or gradients were not finite (step skipped)
-
-
 class Trainer:
     def __init__(self, config: TrainConfig | None = None, dataset: Dataset | None = None,
-                 device: str = "cpu"):
-        config = config or TrainConfig()
-        self.dataset = dataset if dataset is not None else CharCorpus.shakespeare(seed=config.seed)
-        # The vocabulary is the dataset's; the config records the effective value.
-        self.config = replace(config, model=replace(config.model, vocab_size=self.dataset.vocab_size))
-        self.device = torch.device(device)
-        torch.manual_seed(self.config.seed)
-        self.model = GPT(self.config.model).to(self.device)
-        self.optimizer = self._make_optimizer()
+                 device: str = "cpu", *, job: TrainingJob | None = None):
+        if job is None:
+            from agent.jobs.chargpt import CharGPTJob
+            job = CharGPTJob(config or TrainConfig(), dataset)
+        else:
+            check_job(job)
+        self.job = job
+        # The char-GPT job's effective TrainConfig (vocabulary from its dataset); a user job's own config.
+        self.config = getattr(job, "config", config)
+        self.dataset = getattr(job, "dataset", None)
+        self.model = job.model
+        self.optimizer = job.optimizer
+        self.tokens_per_sample = job.tokens_per_sample
+        self.device = torch.device("cpu")     # every job is built on the CPU; `to` places it
         self.step = 0                # optimizer steps applied
         self.samples_seen = 0        # training samples drawn (the data position)
         self.tokens_seen = 0
@@ -64,15 +54,8 @@ class Trainer:
         self._pending_samples = 0
         self._pending_tokens = 0
         self._pending_loss_sum = 0.0
-
-    def _make_optimizer(self) -> torch.optim.Optimizer:
-        # Decay matrices only (nanoGPT's configure_optimizers): biases and norms stay undecayed.
-        decay = [p for p in self.model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
-        c = self.config
-        return torch.optim.AdamW([{"params": decay, "weight_decay": c.weight_decay},
-                                  {"params": no_decay, "weight_decay": 0.0}],
-                                 lr=c.lr, betas=(c.beta1, c.beta2), foreach=False)
+        self._eval_samples = (config or TrainConfig()).eval_samples   # the loop's setting, whatever the job
+        self.to(device)
 
     def to(self, device: str | torch.device) -> None:
         """Move everything training touches to `device`: parameters, pending gradients and optimizer
@@ -114,20 +97,18 @@ class Trainer:
             raise ValueError(f"micro-batch size must be >= 1, got {size}")
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"micro-batch fraction must be in (0, 1], got {fraction}")
-        block = self.config.model.block_size
+        block = self.tokens_per_sample
         tokens = max(1, math.floor(fraction * block + 1e-9))
         cpu0, wall0 = time.process_time(), time.perf_counter()
         cuda = self.device.type == "cuda"
-        x, y = self.dataset.batch("train", self.samples_seen, size, block)
-        if tokens < block:
-            x, y = x[:, :tokens], y[:, :tokens]
+        batch = self.job.batch("train", self.samples_seen, size, tokens)
         if cuda:
             # Timed from the first device operation: building the batch on the host uses no SMs.
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        batch = tuple(t.to(self.device, non_blocking=True) for t in batch)
         self.model.train()
-        _, loss = self.model(x, y)
+        loss = self.job.loss(*batch)
         # Sum of per-sample losses, a cut sample weighing its share of tokens; divided by the total at the step.
         (loss * (size * tokens / block)).backward()
         loss_value = loss.item()     # syncs the device, so the timing below covers the kernels
@@ -152,8 +133,8 @@ class Trainer:
         loss = self._pending_loss_sum / ntok
         for p in self.model.parameters():
             if p.grad is not None:
-                p.grad.div_(ntok / self.config.model.block_size)
-        clip = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
+                p.grad.div_(ntok / self.tokens_per_sample)
+        clip = self.job.grad_clip if self.job.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         # Check before stepping (torchtitan): a non-finite update would poison the weights for good.
         applied = math.isfinite(loss) and math.isfinite(grad_norm)
@@ -185,17 +166,20 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, samples: int | None = None, chunk: int = 64) -> float:
         """Mean loss over the first `samples` held-out samples (the same ones every time)."""
-        samples = samples or self.config.eval_samples
-        block = self.config.model.block_size
-        self.model.eval()
+        samples = samples or self._eval_samples
         total = 0.0
         for start in range(0, samples, chunk):
             n = min(chunk, samples - start)
-            x, y = self.dataset.batch("val", start, n, block)
-            _, loss = self.model(x.to(self.device), y.to(self.device))
-            total += loss.item() * n
+            total += self.eval_loss(start, n) * n
         self.last_val_loss = total / samples
         return self.last_val_loss
+
+    @torch.no_grad()
+    def eval_loss(self, start: int, n: int) -> float:
+        """Mean loss of held-out samples `start .. start+n-1` (full length, forward only)."""
+        self.model.eval()
+        batch = self.job.batch("val", start, n, self.tokens_per_sample)
+        return self.job.loss(*(t.to(self.device) for t in batch)).item()
 
     # --- checkpoint parts (named, like torchtitan's MODEL/OPTIMIZER/TRAIN_STATE) ------------------
     def state_dict(self) -> dict:
@@ -207,12 +191,15 @@ class Trainer:
             "train_state": {"step": self.step, "samples_seen": self.samples_seen - self._pending_samples,
                             "tokens_seen": self.tokens_seen - self._pending_tokens, "skipped_steps": self.skipped_steps,
                             "last_loss": self.last_loss, "last_val_loss": self.last_val_loss},
-            "config": asdict(self.config),
+            "config": self.job.config_dict(),
+            "job": self.job.name,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        if state["config"]["model"] != asdict(self.config.model):
-            raise ValueError(f"checkpoint model {state['config']['model']} does not match {asdict(self.config.model)}")
+        want = self.job.config_dict()["model"]
+        if state.get("job", self.job.name) != self.job.name or state["config"]["model"] != want:
+            raise ValueError(f"checkpoint of job {state.get('job', self.job.name)!r} model {state['config']['model']} "
+                             f"does not match job {self.job.name!r} model {want}")
         self.discard_pending()
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
