@@ -63,6 +63,7 @@ from xapp.loop import (
     set_node,
     step,
 )
+from xapp.metrics import XappMetrics
 from xapp.rmr import NativeUnavailable, RmrError, RmrMessage, open_backend
 from xapp.rnib import E2Node, read_rnib, static_nodes
 from xapp.state import (
@@ -182,6 +183,7 @@ class XappApp:
         self.now, self.wall = clock, wall
         self.started = clock()
         self.counters = Counters()
+        self.metrics = XappMetrics(self)      # the Prometheus registry (xapp.metrics)
         self.site_counters: dict[str, SiteCounters] = {}
         self.controls_log: deque = deque(maxlen=1000)
         self.ingest = Ingest()
@@ -842,7 +844,9 @@ class XappApp:
         now = self.now()
         if self.recorder is not None:
             self.recorder.before(self.state)
+        t0 = time.perf_counter()
         _, actions = step(self.state, now, inputs)
+        self.metrics.stepped(self.state, now, time.perf_counter() - t0)
         if self.recorder is not None:
             self.recorder.after(self.state, now, inputs, actions)
         for cid, r in results.items():
@@ -859,6 +863,7 @@ class XappApp:
         return self.site_counters.setdefault(site_id, SiteCounters())
 
     def _control_done(self, c: SendControl, outcome: str) -> None:
+        self.metrics.control_done(c.site_id, c.control_id, outcome, self.now())
         tally = self.site_tally(c.site_id)
         if outcome == "ack":
             tally.rc_controls_acked += 1
@@ -888,6 +893,7 @@ class XappApp:
             try:
                 await self.rmr.send(msg)
                 self.note_control_id(a.control_id)
+                self.metrics.control_sent(a.control_id, self.now())
                 self.counters.controls_sent += 1
                 self.site_tally(a.site_id).rc_controls_sent += 1
                 self.controls_log.append({"t": self.wall(), "site": a.site_id, "meid": a.meid, "kind": a.kind,

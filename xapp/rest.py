@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from xapp import lograte
+from xapp.aggregates import AnnouncementBook, AnnouncementError, parse_announcement
 from xapp.config import ConfigError, XappConfig
 from xapp.restguard import MAX_DEPTH, ConnectionGuard, JsonErrorHandler, parse_json
 from xapp.submgr import SubmgrError
@@ -41,6 +41,7 @@ MAX_CONNECTIONS = 256
 APP_KEY = web.AppKey("xapp", object)
 GUARD_KEY = web.AppKey("guard", ConnectionGuard)
 ERRORS_KEY = web.AppKey("errors", dict)        # status -> count of error responses, for /metrics
+AGGREGATES_KEY = web.AppKey("aggregates", AnnouncementBook)  # federated aggregate-transfer announcements
 log = logging.getLogger("weaver.xapp.rest")
 
 
@@ -222,6 +223,20 @@ async def transfers(request):
     return web.json_response({"transfers": out})
 
 
+async def aggregate_transfers(request):
+    """Announced federated aggregate transfers (issue 18; xapp.aggregates), for a transport controller."""
+    return web.json_response({"aggregates": request.app[AGGREGATES_KEY].view()})
+
+
+async def announce_aggregate(request):
+    try:
+        a = parse_announcement(await _json_body(request))
+    except (ValueError, AnnouncementError) as exc:
+        return _err(400, str(exc))
+    replaced = request.app[AGGREGATES_KEY].add(a)
+    return web.json_response({"accepted": True, "replaced": replaced}, status=200 if replaced else 201)
+
+
 async def rounds(request):
     """What became of each round at each site (its RoundReport): committed, tokens, bytes, waiting."""
     x = _x(request)
@@ -233,73 +248,11 @@ async def rounds(request):
 
 
 async def metrics(request):
-    x = _x(request)
-    c = x.counters
-    lines = ["# TYPE weaver_indications_total counter", f"weaver_indications_total {c.indications}",
-             "# TYPE weaver_ingest_errors_total counter"]
-    lines += [f'weaver_ingest_errors_total{{kind="{k}"}} {v}' for k, v in sorted(x.ingest.errors.items())]
-    # KPM frames refused for impossible values, per node (our subscription's, never the frame's claim)
-    lines.append("# TYPE weaver_kpm_refused_total counter")
-    lines += [f'weaver_kpm_refused_total{{node="{m}",reason="{r}"}} {v}' for (m, r), v in sorted(x.ingest.refused.items())]
-    lines += ["# TYPE weaver_controls_total counter",
-              f'weaver_controls_total{{result="sent"}} {c.controls_sent}',
-              f'weaver_controls_total{{result="ack"}} {c.controls_acked}',
-              f'weaver_controls_total{{result="failed"}} {c.controls_failed}',
-              # replies to no control of ours: another xApp's on the RIC's default route, or late
-              "# TYPE weaver_control_replies_unmatched_total counter",
-              f"weaver_control_replies_unmatched_total {c.control_replies_unmatched}",
-              "# TYPE weaver_lease_grants_total counter", f"weaver_lease_grants_total {c.grants}",
-              "# TYPE weaver_lease_revocations_total counter"]
-    lines += [f'weaver_lease_revocations_total{{reason="{k}"}} {v}' for k, v in sorted(c.revocations.items())]
-    lines.append("# TYPE weaver_rmr_dropped_total counter")   # frames and connections refused (issue 13)
-    rs = getattr(x.rmr, "stats", None)
-    dropped = dict(c.rmr_dropped, unknown_mtype=c.rmr_other)
-    if rs is not None:
-        dropped.update(bad_frame_connection=rs.frame_errors, overflow_connection=rs.overflow_closes,
-                       evicted_connection=rs.connections_evicted, health_check=rs.health_dropped)
-    lines += [f'weaver_rmr_dropped_total{{reason="{k}"}} {v}' for k, v in sorted(dropped.items())]
-    if rs is not None:
-        lines += ["# TYPE weaver_rmr_buffered_bytes gauge", f"weaver_rmr_buffered_bytes {x.rmr.buffered}"]
-    lines += ["# TYPE weaver_resubscriptions_total counter", f"weaver_resubscriptions_total {c.resubscriptions}",
-              "# TYPE weaver_subscription_active gauge"]
-    lines += [f'weaver_subscription_active{{meid="{st.meid}"}} {int(st.state == "active")}'
-              for st in x.sub_status.values()]
-    lines += ["# TYPE weaver_appmgr_registered gauge", f"weaver_appmgr_registered {c.appmgr_registered}"]
-    lines += ["# TYPE weaver_agents_connected gauge",
-              f"weaver_agents_connected {len(x.broker.sessions) if x.broker else 0}"]
-    for name, by_reason in (("registrations", x.broker.refused_registrations if x.broker else {}),
-                            ("usage_reports", x.broker.refused_usage if x.broker else {})):
-        lines.append(f"# TYPE weaver_broker_refused_{name}_total counter")   # by reason (xapp.agents)
-        lines += [f'weaver_broker_refused_{name}_total{{reason="{k}"}} {v}' for k, v in sorted(by_reason.items())]
-    lines.append("# TYPE weaver_site_grant_basis gauge")      # 1 for the basis the site's grants rest on
-    for sid, rt in x.state.sites.items():
-        basis = rt.safety.basis()
-        lines += [f'weaver_site_grant_basis{{site="{sid}",basis="{b}"}} {int(b == basis)}'
-                  for b in ("envelope", "forecast")]
-    lines.append("# TYPE weaver_site_safety_slack_sms gauge")
-    lines += [f'weaver_site_safety_slack_sms{{site="{sid}"}} {rt.safety.slack(x.now())}'
-              for sid, rt in x.state.sites.items()]
-    for name in ("grant_sms", "envelope_sms", "demand_mean_sms", "kpm_age_seconds", "misses_reported"):
-        lines.append(f"# TYPE weaver_site_{name} gauge")
-        for sid, rt in x.state.sites.items():
-            v = rt.last_view
-            val = {"grant_sms": rt.grant_sms, "envelope_sms": v.envelope_sms if v else None,
-                   "demand_mean_sms": rt.last_estimate.mean if rt.last_estimate else None,
-                   "kpm_age_seconds": max((x.now() - s.received for s in rt.last.values()), default=None),
-                   "misses_reported": rt.misses}[name]
-            if val is not None:
-                lines.append(f'weaver_site_{name}{{site="{sid}"}} {val}')
-    guard = request.app[GUARD_KEY]
-    lines += ["# TYPE weaver_rest_connections gauge", f"weaver_rest_connections {len(guard.open)}",
-              "# TYPE weaver_rest_connections_cut_total counter",
-              f'weaver_rest_connections_cut_total{{reason="head_timeout"}} {guard.head_timeouts}',
-              f'weaver_rest_connections_cut_total{{reason="evicted"}} {guard.evicted}',
-              f'weaver_rest_connections_cut_total{{reason="limit"}} {guard.refused}',
-              "# TYPE weaver_rest_errors_total counter"]
-    lines += [f'weaver_rest_errors_total{{status="{k}"}} {v}' for k, v in sorted(request.app[ERRORS_KEY].items())]
-    lines += ["# TYPE weaver_log_lines_suppressed_total counter",
-              f"weaver_log_lines_suppressed_total {lograte.suppressed_total()}"]
-    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8")
+    """The xApp's registry (xapp.metrics) in the format the scraper asks for, by prometheus_client."""
+    m = _x(request).metrics
+    m.rest = (request.app[GUARD_KEY], request.app[ERRORS_KEY])   # these two counters live on the REST app
+    body, content_type = m.exposition(request.headers.get("Accept"))
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 def openapi_spec() -> dict:
@@ -336,6 +289,12 @@ def openapi_spec() -> dict:
                                                 "resubscribing, failed), last audit against SubMgr's list, "
                                                 "re-subscription count")},
             "/api/v1/transfers": {"get": op("planned cross-site transfer windows (site, bytes, deadline, round)")},
+            "/api/v1/transfers/aggregates": {
+                "get": op("announced federated aggregate transfers (site, round, bytes, earliest start, deadline)"),
+                "post": op("announce one aggregate transfer (a re-announcement of a site's round replaces it)",
+                           {"201": {"description": "stored"}, "200": {"description": "replaced"},
+                            "400": {"description": "invalid (the message names the field)"},
+                            "413": {"description": "body too large"}})},
             "/api/v1/rounds": {"get": op("cross-site round reports per site (committed, tokens, bytes, wait)")},
             "/metrics": {"get": op("Prometheus metrics")},
             "/ric/v1/metrics": {"get": op("Prometheus metrics (the same as /metrics)")},
@@ -396,6 +355,7 @@ def build_app(x: XappApp) -> web.Application:
     app[APP_KEY] = x
     app[GUARD_KEY] = ConnectionGuard(head_timeout_s=HEAD_TIMEOUT_S, max_connections=MAX_CONNECTIONS)
     app[ERRORS_KEY] = {}
+    app[AGGREGATES_KEY] = AnnouncementBook()
     r = app.router
     r.add_get("/ric/v1/health/alive", alive)
     r.add_get("/ric/v1/health/ready", ready)
@@ -409,6 +369,8 @@ def build_app(x: XappApp) -> web.Application:
     r.add_get("/api/v1/controls", controls)
     r.add_get("/api/v1/subscriptions", subscriptions)
     r.add_get("/api/v1/transfers", transfers)
+    r.add_get("/api/v1/transfers/aggregates", aggregate_transfers)
+    r.add_post("/api/v1/transfers/aggregates", announce_aggregate)
     r.add_get("/api/v1/rounds", rounds)
     r.add_get("/metrics", metrics)
     r.add_get("/ric/v1/metrics", metrics)      # the Go xapp-frame's path; prometheus.io/path in the descriptor

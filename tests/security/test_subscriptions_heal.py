@@ -124,8 +124,8 @@ async def _heals(x: XappApp, tb: SimBed, agent: LeaseClient, lose, how: str) -> 
         assert "missing at SubMgr" in sub["last_error"] and sub["kpm_age_s"] < 1.0
         assert sub["last_checked_unix"] is not None and doc["audit_period_s"] == AUDIT_PERIOD_S
         text = await _metrics(x)
-        assert "weaver_resubscriptions_total 1\n" in text
-        assert f'weaver_subscription_active{{meid="{meid}"}} 1\n' in text
+        assert "weaver_resubscriptions_total 1.0\n" in text
+        assert f'weaver_subscription_active{{meid="{meid}"}} 1.0\n' in text
     finally:
         await trace.close()
 

@@ -80,7 +80,7 @@ async def _rest():
             assert (await req("GET", "/api/v1/controls"))[1] == {"controls": []}
             status, text, _ = await req("GET", "/metrics")
             assert status == 200 and "weaver_indications_total 0" in text and 'weaver_site_grant_sms{site="site-a"} 0' in text
-            assert 'weaver_site_grant_basis{site="site-a",basis="forecast"} 1' in text, text
+            assert 'weaver_site_grant_basis{basis="forecast",site="site-a"} 1' in text, text
             # the RMR health check (mtype 100) answers 101 "OK" (rmr-wire.md §10), or ERR when SDL is down
             from xapp.rmr import Mtype, RmrEndpoint, RmrMessage
             ep = await RmrEndpoint.open(0, src_id="127.0.0.1", env={})
