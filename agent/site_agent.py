@@ -40,6 +40,7 @@ from agent.enforcer import (
     StepNow,
     WindowReport,
 )
+from agent.job import JobContext, job_slos, load_job
 from agent.lease_client import (
     Connected,
     CrossSiteChanged,
@@ -79,19 +80,23 @@ class LeaseRecord:
 
 class SiteAgent:
     def __init__(self, config: AgentConfig, *, device: DeviceFacts | None = None, trainer: Trainer | None = None,
-                 clock=time.monotonic):
+                 clock=time.monotonic, mode_evidence: str = ""):
         self.config = config
         self.clock = clock
         self.device = device or detect_device(config.device, config.cores)
-        self.modes = ModeController(config.modes, now=clock())
+        # The job is built (and checked) before anything connects: a bad job registers nothing.
+        job = trainer.job if trainer is not None else load_job(config.job, JobContext(config.train))
+        self.modes = ModeController(config.modes, now=clock(), slos=job_slos(job).merged(config.job.slos))
+        self.mode_evidence = mode_evidence     # why it started in its mode (agent.modeid), shown and registered
         # Training state lives where training runs: the GPU only in the leased-device modes.
-        self.trainer = trainer or Trainer(config.train, device=self._training_device())
+        self.trainer = trainer or Trainer(config.train, device=self._training_device(), job=job)
         self.enforcer = BudgetEnforcer(config.enforcer)
         # On CUDA, leased work runs only in a green context of at most the lease (see partition.py).
         self.partitions = GreenContextPool(self.device.sm_count, self.device.granularity,
                                            enabled=self.device.kind == "cuda" and self.device.green_contexts)
         self.store = CheckpointStore(config.checkpoint_dir, config.train.keep_last)
         self.client = LeaseClient(config.lease, self.device, mode=self.modes.mode)
+        self.client.job, self.client.mode_evidence = config.job.name, mode_evidence
         self.mode_reason = "" if self.modes.mode == config.modes.mode else "leased device unusable"
         self.history: deque[LeaseRecord] = deque(maxlen=256)
         self._records: dict[str, LeaseRecord] = {}   # the adopted leases in `history`, by id
@@ -130,7 +135,7 @@ class SiteAgent:
                 last_checkpoint=str(self.last_checkpoint.path) if self.last_checkpoint else "",
                 last_checkpoint_step=self.last_checkpoint.step if self.last_checkpoint else 0,
                 connected=self.client.connected, broker=self.config.lease.broker,
-                tokens_per_s=self._tokens_per_s())
+                tokens_per_s=self._tokens_per_s(), job=self.config.job.name, mode_evidence=self.mode_evidence)
             if lease is not None:
                 msg.lease.CopyFrom(lease_pb2.Lease(
                     lease_id=lease.lease_id, site_id=self.config.lease.site_id, sm_count=lease.sm_count,
@@ -295,6 +300,8 @@ class SiteAgent:
         c = self.config.train
         if r is None:
             return
+        if r.applied:
+            self.modes.observe_step(self.clock())
         if c.eval_every and self.trainer.step >= self._next_eval_step:
             self._next_eval_step = self.trainer.step + c.eval_every
             self._evaluating, self._eval_sum = c.eval_samples, 0.0
@@ -308,12 +315,7 @@ class SiteAgent:
         cpu0 = time.process_time()
         total = self.config.train.eval_samples
         start = total - self._evaluating
-        block = self.trainer.config.model.block_size
-        x, y = self.trainer.dataset.batch("val", start, n, block)
-        self.trainer.model.eval()
-        with torch.no_grad():
-            _, loss = self.trainer.model(x.to(self.trainer.device), y.to(self.trainer.device))
-        self._eval_sum += loss.item() * n
+        self._eval_sum += self.trainer.eval_loss(start, n) * n
         self._evaluating -= n
         if self._evaluating == 0:
             self.trainer.last_val_loss = self._eval_sum / total
@@ -497,7 +499,7 @@ class SiteAgent:
                 self.modes.observe_overrun(self.clock(), r.overrun_s * 1e3)
             self.client.send_usage(lease_pb2.UsageReport(
                 lease_id=r.lease_id, sm_ms_used=used_ms, sm_ms_granted=r.granted_s * 1e3 * units,
-                overrun_ms=r.overrun_s * 1e3, steps=r.steps, tokens=r.samples * self.trainer.config.model.block_size,
+                overrun_ms=r.overrun_s * 1e3, steps=r.steps, tokens=r.samples * self.trainer.tokens_per_sample,
                 loss=self.trainer.last_loss, mode=self.modes.mode, mode_reason=self.mode_reason,
                 window_ms=r.length_s * 1e3,
                 device=self.device.kind, val_loss=self.trainer.last_val_loss))

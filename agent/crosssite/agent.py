@@ -236,6 +236,7 @@ class CrossSiteAgent(SiteAgent):
 
     def _on_round(self, rec: RoundRecord) -> None:
         self.rounds.append(rec)
+        self.modes.observe_round(self.clock(), rec.wall_ms / 1e3)   # the round-deadline SLO
         self._failures_in_a_row = 0
         _, report = lease_stream_callbacks(self.client)
         report(rec)
