@@ -14,6 +14,17 @@ Rules (defaults in `ModeConfig`):
   (cost demotion), or at once when overrun p99 exceeds the guard or the xApp reports a RAN deadline
   miss (safety demotion, which also blocks promotion for `quiet_s`);
 - no throughput-driven switch within `cooldown_s` of the previous one.
+
+User SLOs (`agent.job.SLOs`, stated by the job or its config) come after the safety rules and before
+the cost and throughput rules. Each stated objective is measured on the device the mode trains on, over
+the window: `min_tokens_per_s` (mean tokens/s, >= SLO_MIN_SAMPLES samples), `max_step_s` (p95 of the
+wall time between optimizer steps, the open interval since the last step included, so a step that never
+comes breaches it too) and `round_deadline_s` (mean cross-site round wall time, >= 2 rounds). A breach
+switches to the other preferred mode (promotion honours the usable device and the safety quiet time)
+unless that device is remembered to breach the same SLO; the switch names the SLO (`ModeSwitch.slo`).
+Leaving a device remembers what it measured per SLO, conservatively (the lowest tokens/s, the longest
+step and round seen, for SLO_MEMORY_WINDOWS windows), so when neither device meets an objective the agent stays put (`slo_breach` says
+so) instead of flapping; a throughput switch never moves to a device remembered to breach a stated SLO.
 """
 from __future__ import annotations
 
@@ -21,9 +32,12 @@ from collections import deque
 from dataclasses import dataclass
 
 from agent.config import ModeConfig
+from agent.job import SLOs
 
 CPU, GPU = "cpu", "gpu"            # where training runs: fallback cores, or the leased device
 MIN_OVERRUN_SAMPLES = 50           # windows needed before an overrun p99 means anything
+SLO_MIN_SAMPLES = 3                # throughput samples / step intervals before an SLO is judged
+SLO_MEMORY_WINDOWS = 10            # a device's remembered SLO values last this many windows
 
 
 @dataclass(frozen=True)
@@ -33,6 +47,7 @@ class ModeSwitch:
     to_mode: str
     device: str                    # where training runs after the switch: "gpu" (leased) | "cpu"
     reason: str
+    slo: str = ""                  # the user SLO that caused it (an agent.job.SLOs field), "" = another rule
 
 
 def device_of(mode: str) -> str:
@@ -40,8 +55,10 @@ def device_of(mode: str) -> str:
 
 
 class ModeController:
-    def __init__(self, config: ModeConfig, now: float = 0.0, leased_device_usable: bool = True):
+    def __init__(self, config: ModeConfig, now: float = 0.0, leased_device_usable: bool = True,
+                 slos: SLOs | None = None):
         self.config = config
+        self.slos = slos or SLOs()
         self.mode = config.mode
         if not leased_device_usable and self.mode in ("gpu", "gpu_preferred"):
             self.mode = "cpu_preferred" if self.mode == "gpu_preferred" else "cpu"
@@ -55,6 +72,10 @@ class ModeController:
         self.overruns: deque[tuple[float, float]] = deque()
         self.ran_miss = False
         self.switches: list[ModeSwitch] = []
+        self.steps: deque[float] = deque([now])                 # optimizer-step times (start: the first interval)
+        self.round_walls: deque[tuple[float, float]] = deque()  # (at, wall s) of cross-site rounds
+        self.slo_memory: dict[tuple[str, str], tuple[float, float]] = {}   # (device, SLO) -> (value, at)
+        self.slo_breach = ""                                    # a breach no switch can fix, "" = none
 
     @property
     def device(self) -> str:
@@ -82,25 +103,98 @@ class ModeController:
     def observe_ran_miss(self, now: float) -> None:
         self.ran_miss = True
 
+    def observe_step(self, now: float) -> None:
+        """An optimizer step was applied (on the current device)."""
+        self.steps.append(now)
+
+    def observe_round(self, now: float, wall_s: float) -> None:
+        """A cross-site round ended after `wall_s` seconds."""
+        self.round_walls.append((now, wall_s))
+
     # --- decision --------------------------------------------------------------------------------
     def _trim(self, now: float) -> None:
         horizon = now - self.config.window_s
-        for dq in (self.leases, self.overruns, self.tput[CPU], self.tput[GPU]):
+        for dq in (self.leases, self.overruns, self.tput[CPU], self.tput[GPU], self.round_walls):
             while dq and dq[0][0] < horizon:
                 dq.popleft()
+        while len(self.steps) > 1 and self.steps[1] < horizon:   # keep the step an interval starts at
+            self.steps.popleft()
 
     @staticmethod
     def _mean(dq) -> float | None:
         return sum(v for _, v in dq) / len(dq) if dq else None
 
-    def _switch(self, now: float, to: str, reason: str) -> ModeSwitch:
-        sw = ModeSwitch(now, self.mode, to, device_of(to), reason)
+    def _switch(self, now: float, to: str, reason: str, slo: str = "") -> ModeSwitch:
+        for name, value in self._slo_values(now).items():   # what this device did, for the way back
+            old = self._remembered_slo(now, self.device, name)
+            worse = min if name == "min_tokens_per_s" else max
+            self.slo_memory[(self.device, name)] = (value if old is None else worse(old, value), now)
+        sw = ModeSwitch(now, self.mode, to, device_of(to), reason, slo)
         self.mode, self.last_switch = to, now
         self.switches.append(sw)
         # The other device's samples describe a different configuration; start the windows afresh.
         self.tput = {CPU: deque(), GPU: deque()}
         self.overruns.clear()
+        self.steps = deque([now])           # the first step interval on the new device starts here
+        self.round_walls.clear()
         return sw
+
+    # --- user SLOs -------------------------------------------------------------------------------
+    def _slo_values(self, now: float) -> dict[str, float]:
+        """Each stated SLO's measured value on the current device, where there is enough data."""
+        out: dict[str, float] = {}
+        tput = self.tput[self.device]
+        if self.slos.min_tokens_per_s and len(tput) >= SLO_MIN_SAMPLES:
+            out["min_tokens_per_s"] = self._mean(tput)
+        if self.slos.max_step_s and self.steps:
+            at = list(self.steps) + [now]     # the open interval since the last step counts
+            gaps = sorted(b - a for a, b in zip(at, at[1:], strict=False))
+            if len(gaps) >= SLO_MIN_SAMPLES or gaps[-1] > self.slos.max_step_s:
+                out["max_step_s"] = gaps[min(len(gaps) - 1, int(0.95 * len(gaps)))]
+        if self.slos.round_deadline_s and len(self.round_walls) >= 2:
+            out["round_deadline_s"] = self._mean(self.round_walls)
+        return out
+
+    def _meets(self, name: str, value: float) -> bool:
+        target = getattr(self.slos, name)
+        return value >= target if name == "min_tokens_per_s" else value <= target
+
+    def _remembered_slo(self, now: float, device: str, name: str) -> float | None:
+        """What `device` measured for SLO `name` when last left; forgotten after SLO_MEMORY_WINDOWS
+        windows, so one bad episode (a lease drought) does not bar a device for good."""
+        got = self.slo_memory.get((device, name))
+        if got is None or now - got[1] > SLO_MEMORY_WINDOWS * self.config.window_s:
+            return None
+        return got[0]
+
+    def _known_to_breach(self, now: float, device: str) -> str:
+        """A stated SLO `device` is remembered to breach ("" = none)."""
+        for name in self.slos.stated():
+            v = self._remembered_slo(now, device, name)
+            if v is not None and not self._meets(name, v):
+                return name
+        return ""
+
+    def _slo_rule(self, now: float) -> ModeSwitch | None:
+        self.slo_breach = ""
+        to = "gpu_preferred" if self.mode == "cpu_preferred" else "cpu_preferred"
+        other = device_of(to)
+        for name, value in self._slo_values(now).items():
+            if self._meets(name, value):
+                continue
+            unit = {"min_tokens_per_s": "tok/s", "max_step_s": "s/step", "round_deadline_s": "s/round"}[name]
+            op = ">=" if name == "min_tokens_per_s" else "<="
+            what = f"slo {name}: {value:.3g} {unit} on {self.device} breaches {op} {getattr(self.slos, name):g}"
+            there = self._remembered_slo(now, other, name)
+            blocked = (to == "gpu_preferred" and (not self.usable or now < self.quiet_until)) or \
+                (there is not None and not self._meets(name, there))
+            if blocked or now - self.last_switch < self.config.cooldown_s:
+                self.slo_breach = what + ("" if not blocked else f"; {other} cannot do better")
+                continue
+            seen = "unknown" if there is None else f"{there:.3g} {unit}"
+            verb = "promote" if to == "gpu_preferred" else "demote"
+            return self._switch(now, to, f"{what}; {verb} ({other}: {seen})", slo=name)
+        return None
 
     def evaluate(self, now: float) -> ModeSwitch | None:
         c = self.config
@@ -119,9 +213,11 @@ class ModeController:
                     self.quiet_until = now + c.quiet_s
                     return self._switch(now, "cpu_preferred",
                                         f"safety: overrun p99 {p99:.1f} ms > guard {c.overrun_guard_ms:.1f} ms")
-            if now - self.last_usable_lease >= c.demote_after_s:
-                return self._switch(now, "cpu_preferred",
-                                    f"cost: no usable lease for {now - self.last_usable_lease:.0f} s")
+        if (sw := self._slo_rule(now)) is not None:
+            return sw
+        if self.mode == "gpu_preferred" and now - self.last_usable_lease >= c.demote_after_s:
+            return self._switch(now, "cpu_preferred",
+                                f"cost: no usable lease for {now - self.last_usable_lease:.0f} s")
         if now - self.last_switch < c.cooldown_s:
             return None
         if len(self.leases) < c.min_leases:
@@ -133,13 +229,15 @@ class ModeController:
                 return None
             full = self.remembered.get(GPU)
             predicted = None if full is None else full * share
+            if self._known_to_breach(now, GPU):
+                return None
             if cpu is None or predicted is None or predicted >= (1 + c.margin) * cpu:
                 why = ("leased-device goodput unknown" if predicted is None else
                        f"predicted {predicted:.0f} tok/s >= (1+{c.margin}) x CPU {cpu:.0f} tok/s")
                 return self._switch(now, "gpu_preferred", f"promote: {why} (mean share {share:.2f})")
             return None
         gpu = self._mean(self.tput[GPU])
-        if gpu is not None and cpu is not None and gpu * (1 + c.margin) <= cpu:
+        if gpu is not None and cpu is not None and gpu * (1 + c.margin) <= cpu and not self._known_to_breach(now, CPU):
             return self._switch(now, "cpu_preferred",
                                 f"demote: leased {gpu:.0f} tok/s x (1+{c.margin}) <= CPU {cpu:.0f} tok/s")
         return None
