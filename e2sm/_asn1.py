@@ -26,6 +26,8 @@ COMMON = "e2sm-common-v2.asn"
 MODULE_FILES: dict[str, tuple[str, ...]] = {
     "kpm-v2.03": (COMMON, "e2sm-kpm-v02.03.asn"),
     "kpm-v3.00": (COMMON, "e2sm-kpm-v03.00.asn"),
+    # v4.00 imports Beam-ID, which only the v5.00 common module has (as srsRAN's oran-sc-ric compiles it)
+    "kpm-v4.00": ("e2sm-common-v5.00.asn", "e2sm-kpm-v04.00.asn"),
     "rc-v1.03": (COMMON, "e2sm-rc-v01.03.asn"),
 }
 
@@ -39,6 +41,13 @@ TOP_LEVEL_TYPES: dict[str, tuple[str, ...]] = {
         "E2SM-KPM-RANfunction-Description",
     ),
     "kpm-v3.00": (
+        "E2SM-KPM-EventTriggerDefinition",
+        "E2SM-KPM-ActionDefinition",
+        "E2SM-KPM-IndicationHeader",
+        "E2SM-KPM-IndicationMessage",
+        "E2SM-KPM-RANfunction-Description",
+    ),
+    "kpm-v4.00": (
         "E2SM-KPM-EventTriggerDefinition",
         "E2SM-KPM-ActionDefinition",
         "E2SM-KPM-IndicationHeader",

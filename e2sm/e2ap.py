@@ -392,22 +392,50 @@ class RicControlFailure:
         _check_bytes("RICcallProcessID", self.call_process_id, optional=True)
 
 
+# E2 node types of GlobalE2node-ID and, per type, the BIT STRING alternatives of its node ID with their sizes
+# (E2AP: GNB-ID-Choice 22..32, ENGNB-ID 22..32, ENB-ID-Choice / ENB-ID macro 20, home 28, short 18, long 21).
+NODE_ID_CHOICES: dict[str, dict[str, tuple[int, int]]] = {
+    "gNB": {"gnb-ID": (22, 32)},
+    "en-gNB": {"gNB-ID": (22, 32)},
+    "ng-eNB": {"enb-ID-macro": (20, 20), "enb-ID-shortmacro": (18, 18), "enb-ID-longmacro": (21, 21)},
+    "eNB": {"macro-eNB-ID": (20, 20), "home-eNB-ID": (28, 28), "short-Macro-eNB-ID": (18, 18),
+            "long-Macro-eNB-ID": (21, 21)},
+}
+
+
 @dataclass(frozen=True)
 class GlobalE2NodeId:
-    """A gNB E2 node: PLMN digits, gNB ID of `gnb_id_bits` (22..32) bits, optional CU-UP and DU IDs."""
+    """An E2 node's global ID: PLMN digits and a node ID of `gnb_id_bits` bits (the gNB ID for a gNB or
+    en-gNB, the eNB ID for an eNB or ng-eNB, as the `id_choice` alternative; default the type's first),
+    optional gNB-CU-UP and gNB-DU IDs (gNB only: a gNB-DU sets `du_id`, a gNB-CU-UP `cu_up_id`)."""
 
     plmn: str = "00101"
     gnb_id: int = 0
     gnb_id_bits: int = 22
     du_id: int | None = None
     cu_up_id: int | None = None
+    node_type: str = "gNB"
+    id_choice: str | None = None
 
     def __post_init__(self) -> None:
         plmn_to_bytes(self.plmn)
-        _check_int("gnb-ID length", self.gnb_id_bits, 22, 32)
-        _check_int("gnb-ID", self.gnb_id, 0, (1 << self.gnb_id_bits) - 1)
+        if self.node_type not in NODE_ID_CHOICES:
+            raise E2EncodeError(f"node_type must be one of {tuple(NODE_ID_CHOICES)}, got {self.node_type!r}",
+                                "GlobalE2node-ID")
+        if self.choice not in NODE_ID_CHOICES[self.node_type]:
+            raise E2EncodeError(f"{self.node_type} has no node ID alternative {self.id_choice!r}", "GlobalE2node-ID")
+        lo, hi = NODE_ID_CHOICES[self.node_type][self.choice]
+        _check_int(f"{self.choice} length", self.gnb_id_bits, lo, hi)
+        _check_int("gnb-ID" if self.node_type == "gNB" else self.choice, self.gnb_id, 0, (1 << self.gnb_id_bits) - 1)
         _check_opt_int("gNB-DU-ID", self.du_id, 0, (1 << 36) - 1)
         _check_opt_int("gNB-CU-UP-ID", self.cu_up_id, 0, (1 << 36) - 1)
+        if self.node_type != "gNB" and (self.du_id is not None or self.cu_up_id is not None):
+            raise E2EncodeError("gNB-DU-ID / gNB-CU-UP-ID belong to a gNB node ID only", "GlobalE2node-ID")
+
+    @property
+    def choice(self) -> str:
+        """The node ID's BIT STRING alternative (`id_choice`, or the node type's first)."""
+        return self.id_choice or next(iter(NODE_ID_CHOICES[self.node_type]))
 
 
 @dataclass(frozen=True)
@@ -635,8 +663,14 @@ def _component_id(interface_type: str, component_id: int | str) -> tuple:
 
 
 def _node_id(n: GlobalE2NodeId) -> tuple:
-    gnb: dict[str, Any] = {"global-gNB-ID": {"plmn-id": plmn_to_bytes(n.plmn),
-                                             "gnb-id": ("gnb-ID", _bits(n.gnb_id, n.gnb_id_bits))}}
+    plmn, bits = plmn_to_bytes(n.plmn), _bits(n.gnb_id, n.gnb_id_bits)
+    if n.node_type == "en-gNB":
+        return ("en-gNB", {"global-en-gNB-ID": {"pLMN-Identity": plmn, "gNB-ID": (n.choice, bits)}})
+    if n.node_type == "ng-eNB":
+        return ("ng-eNB", {"global-ng-eNB-ID": {"plmn-id": plmn, "enb-id": (n.choice, bits)}})
+    if n.node_type == "eNB":
+        return ("eNB", {"global-eNB-ID": {"pLMN-Identity": plmn, "eNB-ID": (n.choice, bits)}})
+    gnb: dict[str, Any] = {"global-gNB-ID": {"plmn-id": plmn, "gnb-id": (n.choice, bits)}}
     if n.cu_up_id is not None:
         gnb["gNB-CU-UP-ID"] = n.cu_up_id
     if n.du_id is not None:
@@ -787,15 +821,25 @@ def _from_component_id(interface_type: str, v: tuple, where: str) -> int | str:
 
 
 def _from_node_id(v: tuple) -> GlobalE2NodeId:
-    if v[0] != "gNB":
-        raise E2DecodeError(f"GlobalE2node-ID {v[0]} is not supported (only gNB)", "GlobalE2node-ID")
-    gnb = v[1]
-    if "global-en-gNB-ID" in gnb:
+    kind, body = v
+    # (outer key, PLMN key, node-ID key) of each node type's global ID, as E2AP names them
+    keys = {"gNB": ("global-gNB-ID", "plmn-id", "gnb-id"), "en-gNB": ("global-en-gNB-ID", "pLMN-Identity", "gNB-ID"),
+            "ng-eNB": ("global-ng-eNB-ID", "plmn-id", "enb-id"), "eNB": ("global-eNB-ID", "pLMN-Identity", "eNB-ID")}
+    if kind not in keys:
+        raise E2DecodeError(f"GlobalE2node-ID {kind} is not supported", "GlobalE2node-ID")
+    outer, plmn_key, id_key = keys[kind]
+    if outer not in body:  # a gNB given by its en-gNB ID, an ng-eNB by its eNB ID: not in the typed API
+        raise E2DecodeError(f"GlobalE2node-{kind}-ID without {outer} is not supported", "GlobalE2node-ID")
+    if kind == "gNB" and "global-en-gNB-ID" in body:
         raise E2DecodeError("GlobalE2node-gNB-ID.global-en-gNB-ID is not supported", "GlobalE2node-ID")
-    g = gnb["global-gNB-ID"]
-    gnb_id, nbits = g["gnb-id"][1]
-    return GlobalE2NodeId(plmn=plmn_from_bytes(g["plmn-id"]), gnb_id=gnb_id, gnb_id_bits=nbits,
-                          du_id=gnb.get("gNB-DU-ID"), cu_up_id=gnb.get("gNB-CU-UP-ID"))
+    g = body[outer]
+    choice, (node_id, nbits) = g[id_key]
+    try:
+        return GlobalE2NodeId(plmn=plmn_from_bytes(g[plmn_key]), gnb_id=node_id, gnb_id_bits=nbits,
+                              du_id=body.get("gNB-DU-ID"), cu_up_id=body.get("gNB-CU-UP-ID"), node_type=kind,
+                              id_choice=None if choice == next(iter(NODE_ID_CHOICES[kind])) else choice)
+    except E2EncodeError as exc:
+        raise E2DecodeError(str(exc), "GlobalE2node-ID") from exc
 
 
 def _collect_ies(name: str, ies: list) -> dict[int, Any]:

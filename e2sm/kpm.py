@@ -24,12 +24,16 @@ from e2sm.errors import E2DecodeError, E2EncodeError
 
 KPM_OID_V2 = "1.3.6.1.4.1.53148.1.2.2.2"
 KPM_OID_V3 = "1.3.6.1.4.1.53148.1.3.2.2"
+# v4.00 by the same pattern (version arc 4). Inferred, not read from the specification PDF: the published v4.00
+# ASN.1 module still carries the version3 arc in its own module OID, so that text cannot settle it.
+KPM_OID_V4 = "1.3.6.1.4.1.53148.1.4.2.2"
 U32 = (1 << 32) - 1
 
 
 class KpmVersion(enum.Enum):
     V2_03 = "kpm-v2.03"
     V3_00 = "kpm-v3.00"
+    V4_00 = "kpm-v4.00"  # 8-octet TimeStamp like v3.00; adds extension additions only (same bytes without them)
 
     @property
     def module(self) -> str:
@@ -46,6 +50,8 @@ def kpm_version_from_oid(oid: str) -> KpmVersion:
         return KpmVersion.V2_03
     if oid == KPM_OID_V3 or oid.startswith("1.3.6.1.4.1.53148.1.3.2"):
         return KpmVersion.V3_00
+    if oid == KPM_OID_V4 or oid.startswith("1.3.6.1.4.1.53148.1.4.2"):
+        return KpmVersion.V4_00
     raise ValueError(f"{oid!r} is not an E2SM-KPM OID")
 
 
@@ -759,7 +765,7 @@ def encode_indication_header(obj: KpmIndicationHeader, version: KpmVersion) -> b
 
 def decode_indication_header(data: bytes, version: KpmVersion) -> KpmIndicationHeader:
     header = _decode_header(data, version)
-    if version is KpmVersion.V3_00:
+    if version.timestamp_octets == 8:
         # A v2.03 header whose first strings happen to be short can also parse as a plausible v3.00
         # one (about 2% of random v2 headers), while v3.00 bytes almost never parse as v2.03 (none in
         # 20,000 random headers). So bytes that are *also* a valid v2.03 header are far more likely a
@@ -794,7 +800,7 @@ def _decode_header(data: bytes, version: KpmVersion) -> KpmIndicationHeader:
     from e2sm import _fast_kpm  # inside: _fast_kpm imports this module; tests swap the attribute
     from e2sm._fast import Unsupported
 
-    other = KpmVersion.V2_03 if version is KpmVersion.V3_00 else KpmVersion.V3_00
+    other = KpmVersion.V3_00 if version is KpmVersion.V2_03 else KpmVersion.V2_03
     hint = (
         f"probable KPM version mismatch: decoded as {version.module} "
         f"({version.timestamp_octets}-octet TimeStamp); the node may send {other.module}"

@@ -37,6 +37,7 @@ from testbed.e2node.measure import from_period_report
 from testbed.e2node.shell import NodeShell
 from testbed.faults import DEFAULT_AT_S, SIM_KINDS, FaultInjector, Targets, check_sites, parse_faults
 from testbed.model import SLOT_S, CellConfig, RanModel, RealTimeClock, Scenario, SiteConfig, compile_kernels
+from testbed.model.config import parse_slices
 from testbed.ric.mini import MiniRic
 
 log = logging.getLogger("weaver.sim")
@@ -70,18 +71,31 @@ class SimConfig:
     epoch_unix: float | None = None  # wall time of slot 0 (indication timestamps); default: start time
     keepalive_s: float | None = 1.0  # E2T health-check interval towards nodes (None: never declare a node lost)
     notify_interval_s: float = 5.0  # SubMgr's pause between notification tries (xapp-frame's retryDelay)
+    # site (or "*" for every site) -> "PROTECTED_SST:SD,BEST_EFFORT_SST:SD" (testbed.model.parse_slices);
+    # empty: the scenario's own slices
+    slices: dict = field(default_factory=dict, hash=False, compare=False)
 
 
 def build_scenario(cfg: SimConfig) -> Scenario:
-    """The named scenario (testbed.scenarios) or `n_sites` default sites of `n_cells` cells."""
+    """The named scenario (testbed.scenarios) or `n_sites` default sites of `n_cells` cells, with the
+    slices of `cfg.slices` per site."""
     overrides = {} if cfg.period_ms is None else {"period_slots": int(round(cfg.period_ms / 1000 / SLOT_S))}
     if cfg.scenario:
         from testbed import scenarios
 
-        return scenarios.get(cfg.scenario, **overrides)
-    return Scenario("sim", f"{cfg.n_sites} sites x {cfg.n_cells} cells (weaver sim default)",
-                    sites=tuple(SiteConfig(i, cells=(CellConfig(),) * cfg.n_cells) for i in range(cfg.n_sites)),
-                    **overrides)
+        sc = scenarios.get(cfg.scenario, **overrides)
+    else:
+        sc = Scenario("sim", f"{cfg.n_sites} sites x {cfg.n_cells} cells (weaver sim default)",
+                      sites=tuple(SiteConfig(i, cells=(CellConfig(),) * cfg.n_cells) for i in range(cfg.n_sites)),
+                      **overrides)
+    if not cfg.slices:
+        return sc
+    unknown = [k for k in cfg.slices if k != "*" and not (isinstance(k, int) and 0 <= k < sc.n_sites)]
+    if unknown:
+        raise ValueError(f"--slices for sites {unknown}: the scenario has sites 0..{sc.n_sites - 1}")
+    sites = tuple(replace(site, slices=parse_slices(cfg.slices[site.site_id if site.site_id in cfg.slices else "*"]))
+                  if site.site_id in cfg.slices or "*" in cfg.slices else site for site in sc.sites)
+    return replace(sc, sites=sites)
 
 
 class Simulation:
@@ -288,7 +302,32 @@ def build_sim_api(sim: Simulation) -> web.Application:
 
 # -- CLI adapter ------------------------------------------------------------------------------------
 
+EPILOG = """\
+E2 nodes (an E2 emulator third-party OSC xApps use unchanged; docs/emulator.md):
+  names      each site is a gNB-DU (gNB ID site+1, 22 bits, gNB-DU ID 1, PLMN 001/01), named as OSC's E2
+             termination names it (BuildRunName.h): gnbd_001_001_000001_1, gnbd_001_001_000002_1, ...
+  KPM        --kpm / --node SITE:kpm=: v3.00 (OID 1.3.6.1.4.1.53148.1.3.2.2), v2.03 (...1.2.2.2) or
+             v4.00 (...1.4.2.2); RAN function ID 2. Report styles (action format N for style N):
+               1 E2 node measurement (cell or node; per slice with a sliceID label)   message format 1
+               2 one UE (gNB-DU-UEID)                                              message format 1
+               3 condition-based, UE level (ul-rSRP/dl-rSRP/cQI tests, sliceID)    message format 2
+               4 common condition, every matching UE                               message format 3
+               5 a list of >= 2 UE IDs                                             message format 3
+             UE-level names: RRU.PrbUsedDl/Ul, DRB.UEThpDl/Ul, DRB.RlcSduDelayDl (+ .SNSSAI). Each cell has
+             --ues-per-cell UEs (F1AP IDs cell*N .. cell*N+N-1) whose values sum to the cell's.
+  RC         RAN function ID 3, style 2 action 6 (slice-level PRB quota), validated as the DU of the
+             ID table does it (--rc-table / --node SITE:rc=): srsran (srsRAN DU: top-level IDs in the
+             table, an existing UE, min+max+dedicated present), oai-gnb (OAI gNB's positional parser,
+             ASCII values), oai (FlexRIC IDs, nested layout); plus Weaver's envelope style 1000.
+  slices     --slices [SITE=]PROTECTED_SST:SD,BEST_EFFORT_SST:SD (default 2:1,1:1: URLLC SST 2/SD 1 and
+             eMBB SST 1/SD 1, the slice the srsRAN and OAI example xApps control), or a --scenario-file.
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = "Simulated sites (E2 nodes over the RAN model) and the mini-RIC, standalone."
+    parser.epilog = EPILOG
     parser.add_argument("--sites", type=int, default=2, help="number of sites (one E2 node each)")
     parser.add_argument("--cells", type=int, default=4, help="cells per site")
     parser.add_argument("--scenario", default=None,
@@ -304,10 +343,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--xapp", action="append", default=[], metavar="HOST:PORT",
                         help="an xApp RMR endpoint to route control ACK/FAILURE and error indications to")
     parser.add_argument("--kpm", choices=KPM_VERSIONS, default="v3.00", help="KPM version of every node")
+    parser.add_argument("--slices", action="append", default=[], metavar="[SITE=]SST:SD,SST:SD",
+                        help="S-NSSAIs of the protected and the best-effort slice, for every site or SITE "
+                             "(repeatable; default 2:1,1:1)")
+    parser.add_argument("--ues-per-cell", type=int, default=4, help="UEs per cell of the per-UE view (styles 2-5)")
+    parser.add_argument("--scenario-file", default=None, metavar="FILE.json",
+                        help='per-site settings: {"slices": {"*": "2:1,1:1", "1": "2:1,1:5"}, '
+                             '"nodes": {"1": "kpm=v4.00,rc=oai-gnb"}}')
     parser.add_argument("--rc-table", choices=RC_TABLES, default="srsran", help="RC parameter-ID table")
     parser.add_argument("--node", action="append", default=[], metavar="SITE:kpm=v2.03,rc=oai",
-                        help="per-node override of the KPM version, RC table and/or KPM profile "
-                             "(profile=compute-aware|gpu|standard; standard: a stock gNB's 3GPP counters) (repeatable)")
+                        help="per-node override of the KPM version, RC table, KPM profile and/or UEs per cell "
+                             "(profile=compute-aware|gpu|standard; standard: a stock gNB's 3GPP counters; "
+                             "ues=N) (repeatable)")
     parser.add_argument("--speed", type=float, default=1.0, help="x real time; 0 = as fast as possible")
     parser.add_argument("--route-dir", default=None, help="where to write xapp.rt (default: a temp dir)")
     parser.add_argument("--redis", default=None, metavar="HOST:PORT",
@@ -332,7 +379,7 @@ def _sdl_from(args) -> SDLWrapper:
 
 def parse_node_overrides(specs: list[str]) -> dict[int, dict]:
     """`["1:kpm=v2.03,rc=oai"]` -> {1: {"kpm_version": "v2.03", "rc_table": "oai"}}; ValueError if malformed."""
-    keys = {"kpm": "kpm_version", "rc": "rc_table", "profile": "kpm_profile"}
+    keys = {"kpm": "kpm_version", "rc": "rc_table", "profile": "kpm_profile", "ues": "ues_per_cell"}
     out: dict[int, dict] = {}
     for spec in specs:
         site, sep, rest = spec.partition(":")
@@ -342,9 +389,35 @@ def parse_node_overrides(specs: list[str]) -> dict[int, dict]:
         for item in filter(None, rest.split(",")):
             k, eq, v = item.partition("=")
             if not eq or k not in keys:
-                raise ValueError(f"--node {spec!r}: unknown setting {item!r} (kpm=..., rc=..., profile=...)")
-            fields[keys[k]] = v
+                raise ValueError(f"--node {spec!r}: unknown setting {item!r} (kpm=..., rc=..., profile=..., ues=...)")
+            fields[keys[k]] = int(v) if k == "ues" else v
     return out
+
+
+def parse_slice_specs(specs: list[str]) -> dict:
+    """`["2:1,1:1", "1=2:1,1:5"]` -> {"*": "2:1,1:1", 1: "2:1,1:5"}; ValueError if malformed."""
+    out: dict = {}
+    for spec in specs:
+        site, eq, rest = spec.partition("=")
+        if eq and not site.isdigit():
+            raise ValueError(f"--slices {spec!r}: expected [SITE=]SST:SD,SST:SD")
+        key, value = (int(site), rest) if eq else ("*", spec)
+        parse_slices(value)
+        out[key] = value
+    return out
+
+
+def read_scenario_file(path: str) -> tuple[dict, list[str]]:
+    """The slices and --node specs of a scenario file (see --scenario-file)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--scenario-file {path}: {exc}") from exc
+    if not isinstance(data, dict) or set(data) - {"slices", "nodes"}:
+        raise ValueError(f"--scenario-file {path}: expected an object with 'slices' and/or 'nodes'")
+    slices = [v if k == "*" else f"{k}={v}" for k, v in dict(data.get("slices", {})).items()]
+    nodes = [f"{k}:{v}" for k, v in dict(data.get("nodes", {})).items()]
+    return parse_slice_specs(slices), nodes
 
 
 async def _main(args) -> int:
@@ -364,8 +437,12 @@ async def _serve(args, route_dir: str) -> int:
                     submgr_rmr_port=args.submgr_rmr_port, xapps=tuple(args.xapp), kpm_version=args.kpm,
                     rc_table=args.rc_table, route_dir=route_dir, speed=args.speed)
     try:
-        overrides = parse_node_overrides(args.node)
-        cfg = replace(cfg, node_overrides=overrides)
+        file_slices, file_nodes = read_scenario_file(args.scenario_file) if args.scenario_file else ({}, [])
+        slices = {"*": "2:1,1:1", **file_slices, **parse_slice_specs(args.slices)}
+        overrides = parse_node_overrides(file_nodes + args.node)
+        for site in range(build_scenario(replace(cfg, slices=slices)).n_sites):
+            overrides.setdefault(site, {}).setdefault("ues_per_cell", args.ues_per_cell)
+        cfg = replace(cfg, node_overrides=overrides, slices=slices)
         faults = parse_faults(args.fault, args.fault_at)
         check_sites(faults, build_scenario(cfg).n_sites, allowed=SIM_KINDS)
         sim = await Simulation.start(cfg, _sdl_from(args))

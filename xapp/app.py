@@ -40,6 +40,7 @@ from e2sm.kpm import (
     kpm_version_from_oid,
 )
 from e2sm.rc import SliceQuota
+from xapp import logs
 from xapp.actuate import CONTROL_REQUESTOR, NodeControl, node_control, parse_control_reply
 from xapp.agents import AgentBook
 from xapp.broker import LeaseBroker
@@ -475,7 +476,7 @@ class XappApp:
     def _spec(self, node: E2Node, xid: int) -> tuple[SubscriptionSpec, KpmVersion, tuple[MeasInfo, ...]]:
         kpm = node.kpm
         override = self.cfg.e2.kpm_version_override.get(node.meid)
-        version = {"v2.03": KpmVersion.V2_03, "v3.00": KpmVersion.V3_00}[override] if override else \
+        version = {"v2.03": KpmVersion.V2_03, "v3.00": KpmVersion.V3_00, "v4.00": KpmVersion.V4_00}[override] if override else \
             kpm_version_from_oid(kpm.oid)
         site = self.cfg.site_of(node.meid)
         supported = supported_measurements(kpm.definition, version)
@@ -1010,6 +1011,8 @@ class XappApp:
             why = "; ".join(f"controls.{u.field}: {u.why}" for u in unsafe)
             log.error("config not applied: unsafe for RAN first: %s", why)
             return why
+        if cfg.log_level != old.log_level:
+            logs.set_level(cfg.log_level)        # the log level is live config (xapp.logs)
         self.cfg = cfg
         self.state.cfg = cfg
         self.ingest.set_limits(cfg.sites)

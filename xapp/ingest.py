@@ -135,10 +135,10 @@ class KpmSample:
 
 
 def collection_seconds(stamp: int | None, version: KpmVersion) -> tuple[float | None, float]:
-    """KPM v3.00 carries a 64-bit NTP timestamp (seconds . fraction), v2.03 the 32-bit seconds."""
+    """KPM v3.00 and v4.00 carry a 64-bit NTP timestamp (seconds . fraction), v2.03 the 32-bit seconds."""
     if stamp is None:
         return None, 0.0
-    if version is KpmVersion.V3_00:
+    if version.timestamp_octets == 8:
         return (stamp >> 32) + (stamp & 0xFFFFFFFF) / 2**32, 2**-32
     return float(stamp), 1.0
 

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
-KPM_VERSIONS = ("v3.00", "v2.03")
+KPM_VERSIONS = ("v3.00", "v2.03", "v4.00")
 RC_TABLES = ("srsran", "oai", "oai-gnb")  # oai-gnb: flat layout, ASCII values (the OAI gNB parser)
 KPM_PROFILES = ("compute-aware", "gpu", "standard")  # what KPM the node offers (measure.measurements_for)
 
@@ -43,6 +44,7 @@ class NodeConfig:
     rc_function_id: int = 3
     vendor: str = "Weaver testbed"
     kpm_profile: str = "compute-aware"
+    ues_per_cell: int = 4  # the per-UE view of styles 2-5 (testbed.model.ues)
 
     def __post_init__(self) -> None:
         if self.kpm_profile not in KPM_PROFILES:
@@ -59,15 +61,34 @@ class NodeConfig:
             raise NodeConfigError("kpm_function_id and rc_function_id must differ")
         if self.n_cells > 1 << (36 - self.gnb_id_bits):
             raise NodeConfigError("too many cells for the NR cell identity's cell bits")
+        if not len(self.slices) <= self.ues_per_cell <= 1024:
+            raise NodeConfigError(f"ues_per_cell must be in {len(self.slices)}..1024 (a UE per slice at least)")
+
+    @cached_property
+    def ues(self):
+        """The node's UE population (testbed.model.ues.UePopulation), fixed by the site number."""
+        from testbed.model.ues import UePopulation
+
+        return UePopulation.build(self.n_cells, len(self.slices), self.ues_per_cell, seed=self.site)
 
     @property
     def node_gnb_id(self) -> int:
         return self.site + 1 if self.gnb_id is None else self.gnb_id
 
     @property
+    def global_id(self):
+        """The GlobalE2node-ID of its E2 setup: a gNB-DU (gNB ID + gNB-DU ID)."""
+        from e2sm.e2ap import GlobalE2NodeId
+
+        return GlobalE2NodeId(plmn=self.plmn, gnb_id=self.node_gnb_id, gnb_id_bits=self.gnb_id_bits, du_id=self.du_id)
+
+    @cached_property  # on every message the node sends (its meid)
     def inventory_name(self) -> str:
-        """The RAN name e2mgr will give this node (testbed.ric.e2term.ran_name)."""
-        return f"gnb_{self.plmn[:3]}_{self.plmn[3:]}_{self.node_gnb_id:08x}"
+        """The RAN name OSC's E2T (and e2mgr, the R-NIB) gives this node: `testbed.ric.names.ran_name`, e.g.
+        `gnbd_001_001_000001_1` for gNB ID 1, gNB-DU ID 1 in PLMN 001/01."""
+        from testbed.ric.names import ran_name
+
+        return ran_name(self.global_id)
 
     def nr_cell_id(self, cell: int) -> int:
         """36-bit NR Cell Identity: gNB ID in the leading `gnb_id_bits`, the cell index after it."""

@@ -1,12 +1,28 @@
-"""RC control execution on the simulated DU: decode, validate against this node's tables, apply.
+"""RC control execution on the simulated DU: decode, validate as the emulated DU does, apply.
 
 Returns the RIC control outcome bytes on success or the E2AP Cause of the RICcontrolFailure. Validation happens before any
 change, so a refused control changes nothing.
-- Style 2 action 6 (slice-level PRB quota): parameters by the node's ID table (srsRAN/OSC or OAI);
-  an ID outside that table, a malformed tree or a ratio outside 0..100 / min > max is
-  control-message-invalid; a slice the node does not serve is control-failed-to-execute. A quota
-  applies to every cell of the node (Style 2 carries no cell; the header's UE ID names no cell).
-- Weaver style 1000 action 1 (site SM envelope): 0 < envelope <= GPU SMs, or no value to clear it.
+
+Style 2 action 6 (slice-level PRB quota). Each ID table validates as the DU it emulates (`rules`):
+- `srsran`: srsRAN's DU, `e2sm_rc_control_action_2_6_du_executor` (as in ocudu/ocudu c4ff58c5, the srsRAN
+  Project's continuation, 2026): every top-level parameter ID is in its table (else control-message-invalid);
+  the header names an existing UE by gNB-DU-UEID; the tree is walked depth-first, 2 opening an RRM policy
+  and 6 a member of it; every policy needs a member and all three ratios (min 11, max 12, dedicated 13);
+  otherwise misc/unspecified, srsRAN's cause. Nothing relates the ratios to each other (a dedicated ratio
+  above the max is accepted, as the oran-sc-ric example sends 10/30/100).
+- `oai-gnb`: OAI's gNB, `add_mod_rc_slice` in `openair2/E2AP/RAN_FUNCTION/O-RAN/rc_ctrl_service_style_2.c`:
+  each RRM Policy Ratio List item has exactly four parameters in order (RRM Policy 3, Min 10, Max 11,
+  Dedicated 12), the policy one member list (4) with one member of exactly PLMN (6) and S-NSSAI (7) {SST 8,
+  SD 9}, all ElementFalse, PLMN/SST/SD as ASCII digit octets and the ratios integers. OAI asserts (and
+  aborts) on any deviation; the emulated node answers control-message-invalid instead.
+- `oai`: OAI/FlexRIC numbering in the nested layout of the shared vector, which no public DU parses:
+  Weaver's structural reading (`e2sm.rc.parse_prb_quota_control`), with no ratio relation either.
+The quota then goes to the RAN model (all three ratios, on every cell: Style 2 carries no cell), which
+refuses what it cannot honour (ratios outside 0..100, min above max, min or dedicated summing over 100 %:
+control-message-invalid). A slice the site does not serve is control-failed-to-execute: the model's slices
+are its configuration (`weaver sim --slices`); OAI would add such a slice, srsRAN leaves it unscheduled.
+
+Weaver style 1000 action 1 (site SM envelope): 0 < envelope <= GPU SMs, or no value to clear it.
 """
 from __future__ import annotations
 
@@ -15,7 +31,7 @@ import logging
 from e2sm import e2ap
 from e2sm.errors import E2DecodeError
 
-from . import functions
+from . import functions, rules
 from .config import NodeConfig
 
 log = logging.getLogger("weaver.e2node.control")
@@ -54,26 +70,16 @@ def execute(node: NodeConfig, ran, header: bytes, message: bytes, stats) -> e2ap
         return _invalid(f"undecodable RC header/message: {exc}", node)
     if (hdr.style, hdr.action_id) == (2, 6):
         ids = functions.rc_ids(node)
-        known = {getattr(ids, f) for f in rc.PRB_QUOTA_NAMES}
-        unknown = sorted(param_ids(msg.params) - known)
-        if unknown:  # srsRAN rejects a control naming any ID outside its table
-            return _invalid(f"parameter IDs {unknown} are not in the {node.rc_table} table", node)
-        try:
-            quotas = rc.parse_prb_quota_control(msg, ids)
-        except (E2DecodeError, ValueError, KeyError) as exc:
-            return _invalid(f"PRB quota control does not fit the {node.rc_table} table: {exc}", node)
+        quotas = rules.quotas(node, hdr, msg, ids)
+        if isinstance(quotas, e2ap.Cause):
+            return quotas
         served = {(s.sst, s.sd) for s in node.slices}
         for q in quotas:
-            if not (0 <= q.min_ratio <= 100 and 0 <= q.max_ratio <= 100 and 0 <= q.dedicated_ratio <= 100) \
-                    or q.min_ratio > q.max_ratio or q.dedicated_ratio > q.max_ratio:
-                return _invalid(f"ratios min {q.min_ratio} max {q.max_ratio} ded {q.dedicated_ratio}", node)
             if q.plmn != node.plmn:
                 return _invalid(f"PLMN {q.plmn} is not this node's {node.plmn}", node)
             if (q.sst, q.sd) not in served:
                 log.info("%s: quota for unknown slice sst %d sd %s", node.inventory_name, q.sst, q.sd)
                 return e2ap.Cause("ricRequest", "control-failed-to-execute")
-        if not quotas:
-            return _invalid("no RRM policy in the message", node)
         try:
             for q in quotas:
                 for cell in range(node.n_cells):

@@ -9,7 +9,7 @@ Units follow TS 28.552 where it fixes them; the vendor GPU measurements are Weav
 | RRU.PrbUsedDl / RRU.PrbUsedUl (+ `.SNSSAI`) | cell, or the node (sum of cells); per slice with a sliceID label | mean PRBs per slot of that direction, integer |
 | RRU.PrbAvailDl / RRU.PrbAvailUl | cell / node | PRBs available per slot, integer |
 | RRU.PrbTotDl / RRU.PrbTotUl | cell / node | used ÷ available, percent, integer |
-| DRB.UEThpDl (+ `.SNSSAI`) | cell / node, per slice | kbit/s over the period, REAL |
+| DRB.UEThpDl / DRB.UEThpUl (+ `.SNSSAI`) | cell / node, per slice | kbit/s over the period, REAL |
 | DRB.RlcSduDelayDl (+ `.SNSSAI`) | cell / node, per slice | mean queueing delay, ms, REAL |
 | GPU.SmUsed.Mean / GPU.SmUsed.Max | site (the DU GPU; same for every cell) | SMs the RAN's PHY needed per slot: mean REAL / max integer (rounded up) |
 | GPU.SmAvail | site | SMs left to the RAN after the training lease, integer |
@@ -27,6 +27,11 @@ srsRAN or OAI gNB does. The node refuses a subscription to a name its profile do
 
 A per-slice name (`.SNSSAI` suffix, or the base name with a sliceID label) for a slice the node does
 not serve yields `noValue`.
+
+UE level (KPM report styles 2-5, `measure_ue`): `UE_LEVEL` names for one UE of the node's
+`testbed.model.ues.UePopulation`: its share of its slice's PRBs and throughput in its cell (PRB counts
+apportioned so that a cell's UEs add up to the cell's integer `RRU.PrbUsedDl/Ul`), its slice's delay. A
+sliceID label of another slice than the UE's yields `noValue`.
 """
 from __future__ import annotations
 
@@ -35,7 +40,8 @@ from dataclasses import dataclass
 
 from .config import SliceId
 
-PER_SLICE = ("RRU.PrbUsedDl", "RRU.PrbUsedUl", "DRB.UEThpDl", "DRB.RlcSduDelayDl")
+PER_SLICE = ("RRU.PrbUsedDl", "RRU.PrbUsedUl", "DRB.UEThpDl", "DRB.UEThpUl", "DRB.RlcSduDelayDl")
+UE_LEVEL = PER_SLICE  # what styles 2-5 report per UE (measure_ue)
 PER_CELL = ("RRU.PrbAvailDl", "RRU.PrbAvailUl", "RRU.PrbTotDl", "RRU.PrbTotUl")
 GPU_USED = ("GPU.SmUsed.Mean", "GPU.SmUsed.Max", "GPU.SmAvail", "GPU.DeadlineMiss")
 # What the compute-aware stage knows and the weaver policy reads (xapp.inputs POLICY_INPUTS).
@@ -59,6 +65,7 @@ class SliceMeasurements:
     prb_used_ul: float
     thp_dl_kbps: float
     delay_dl_ms: float
+    thp_ul_kbps: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,7 @@ class SiteMeasurements:
 
 def _slice_value(name: str, s: SliceMeasurements) -> float:
     return {"RRU.PrbUsedDl": s.prb_used_dl, "RRU.PrbUsedUl": s.prb_used_ul, "DRB.UEThpDl": s.thp_dl_kbps,
-            "DRB.RlcSduDelayDl": s.delay_dl_ms}[name]
+            "DRB.UEThpUl": s.thp_ul_kbps, "DRB.RlcSduDelayDl": s.delay_dl_ms}[name]
 
 
 def _as_kind(name: str, value: float) -> int | float:
@@ -146,6 +153,28 @@ def measure(m: SiteMeasurements, slices: tuple[SliceId, ...], name: str, snssai:
     return None
 
 
+def measure_ue(m: SiteMeasurements, slices: tuple[SliceId, ...], ues, ue, name: str,
+               snssai: tuple[int, int | None] | None) -> int | float | None:
+    """Value of UE-level `name` (`UE_LEVEL`, optionally `.SNSSAI`) for `ue` of population `ues`."""
+    base = name.removesuffix(".SNSSAI")
+    if base not in UE_LEVEL or ue.cell >= len(m.cells):
+        return None
+    own = slices[ue.slice]
+    if snssai is not None and not (snssai == (own.sst, own.sd) or (snssai[0] == own.sst and snssai[1] is None)):
+        return None
+    if name.endswith(".SNSSAI") and snssai is None:
+        return None
+    cell = m.cells[ue.cell]
+    if base == "DRB.RlcSduDelayDl":
+        return _as_kind(base, cell.slices[ue.slice].delay_dl_ms)
+    exact = {u.f1ap_id: u.share * _slice_value(base, cell.slices[u.slice]) for u in ues.in_cell(ue.cell)}
+    if base.startswith("RRU."):  # integer counters: the cell's UEs add up to the cell's integer value
+        from testbed.model.ues import apportion
+
+        return apportion(exact, _as_kind(base, sum(exact.values())))[ue.f1ap_id]
+    return _as_kind(base, exact[ue.f1ap_id])
+
+
 def from_period_report(report, site: int, gpu_sms: float) -> SiteMeasurements:
     """The node's measurements of `site` from the RAN model's `PeriodReport` (testbed.model)."""
     s = site
@@ -154,7 +183,8 @@ def from_period_report(report, site: int, gpu_sms: float) -> SiteMeasurements:
     for c in range(report.prb_used_dl.shape[1]):
         slices = tuple(SliceMeasurements(
             prb_used_dl=float(report.slice_prb_used_dl[s, c, i]), prb_used_ul=float(report.slice_prb_used_ul[s, c, i]),
-            thp_dl_kbps=float(report.slice_bytes_dl[s, c, i]) * kbps, delay_dl_ms=float(report.slice_delay_ms[s, c, i]))
+            thp_dl_kbps=float(report.slice_bytes_dl[s, c, i]) * kbps, delay_dl_ms=float(report.slice_delay_ms[s, c, i]),
+            thp_ul_kbps=float(report.slice_bytes_ul[s, c, i]) * kbps)
             for i in range(report.slice_prb_used_dl.shape[2]))
         cells.append(CellMeasurements(int(round(float(report.prb_avail_dl[s, c]))),
                                       int(round(float(report.prb_avail_ul[s, c]))), slices))

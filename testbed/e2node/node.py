@@ -19,7 +19,7 @@ from typing import Protocol
 from e2sm import e2ap, kpm
 from e2sm.errors import E2DecodeError, E2EncodeError
 
-from . import functions
+from . import functions, uestyles
 from .config import NodeConfig
 from .measure import SiteMeasurements, measure, measurements_for
 
@@ -74,7 +74,7 @@ class ReportPlan:
 class NodeSubscription:
     request_id: e2ap.RicRequestId
     period_ms: int
-    actions: tuple[ReportPlan, ...]
+    actions: tuple[tuple[int, ReportPlan | uestyles.UePlan], ...]  # (RIC action ID, plan)
     due_ms: float = 0.0
     sn: int = 0
 
@@ -109,8 +109,7 @@ class E2Node:
         self._transaction = (self._transaction + 1) % 256
         req = e2ap.E2SetupRequest(
             transaction_id=self._transaction,
-            node_id=e2ap.GlobalE2NodeId(plmn=self.config.plmn, gnb_id=self.config.node_gnb_id,
-                                        gnb_id_bits=self.config.gnb_id_bits, du_id=self.config.du_id),
+            node_id=self.config.global_id,
             ran_functions=self._ran_functions,
             components=(e2ap.E2NodeComponentConfig("f1", self.config.du_id, b"\x00", b"\x00"),))
         return Outgoing(E2_SETUP_REQ, e2ap.encode_e2ap(req))
@@ -164,7 +163,7 @@ class E2Node:
             trigger = kpm.decode_event_trigger(req.event_trigger, self.version)
         except (E2DecodeError, ValueError):
             return self._sub_failure(req, _cause("eventTriggerNotSupported"))
-        admitted: list[tuple[int, kpm.ActionDefFormat1]] = []
+        admitted: list[tuple[int, ReportPlan | uestyles.UePlan]] = []
         refused: list[tuple[int, e2ap.Cause]] = []
         for action in req.actions:
             fmt = self._action_format(action)
@@ -174,26 +173,29 @@ class E2Node:
                 admitted.append((action.action_id, fmt))
         if not admitted:
             return self._sub_failure(req, refused[0][1] if refused else _cause("action-not-supported"))
-        plans = tuple(ReportPlan.of(a, fmt, self.config) for a, fmt in admitted)
-        self.subscriptions[key] = NodeSubscription(req.request_id, trigger.period_ms, plans)
+        self.subscriptions[key] = NodeSubscription(req.request_id, trigger.period_ms, tuple(admitted))
         return Outgoing(SUB_RESP, e2ap.encode_e2ap(e2ap.RicSubscriptionResponse(
             req.request_id, req.ran_function_id, tuple(a for a, _ in admitted), tuple(refused))))
 
-    def _action_format(self, action: e2ap.RicAction) -> kpm.ActionDefFormat1 | e2ap.Cause:
+    def _action_format(self, action: e2ap.RicAction) -> ReportPlan | uestyles.UePlan | e2ap.Cause:
         if action.action_type != "report" or action.definition is None:
             return _cause("action-not-supported")
         try:
             d = kpm.decode_action_definition(action.definition, self.version)
         except (E2DecodeError, ValueError):
             return _cause("action-not-supported")
-        if d.style != 1 or not isinstance(d.format, kpm.ActionDefFormat1):
+        expected = {1: kpm.ActionDefFormat1, 2: kpm.ActionDefFormat2, 3: kpm.ActionDefFormat3,
+                    4: kpm.ActionDefFormat4, 5: kpm.ActionDefFormat5}.get(d.style)
+        if expected is None or not isinstance(d.format, expected):  # style N takes format N
             return _cause("action-not-supported")
+        if d.style != 1:
+            return uestyles.plan(d.style, d.format, self.config, functions.ue_measurements(self.config))
         if any(m.name not in measurements_for(self.config.kpm_profile) for m in d.format.meas):
             return _cause("requested-information-unavailable")
         cgi = d.format.cell_global_id
         if cgi is not None and (cgi.plmn != self.config.plmn or self.config.cell_of(cgi.cell_id) is None):
             return _cause("requested-information-unavailable")
-        return d.format
+        return ReportPlan.of(action.action_id, d.format, self.config)
 
     def _unsubscribe(self, req: e2ap.RicSubscriptionDeleteRequest) -> Outgoing:
         key = (req.request_id.requestor, req.request_id.instance)
@@ -230,16 +232,20 @@ class E2Node:
         due = [sub for sub in self.subscriptions.values() if now_ms + 1e-6 >= sub.due_ms]
         if not due:
             return out
-        stamp = collect_start_ntp if self.version is kpm.KpmVersion.V3_00 else collect_start_ntp >> 32
+        stamp = collect_start_ntp if self.version.timestamp_octets == 8 else collect_start_ntp >> 32
         # senderName is a PrintableString: no '_' allowed, so not the inventory name itself.
         header = kpm.encode_indication_header(kpm.KpmIndicationHeader(
             collect_start_time=stamp, file_format_version="1.0", sender_name=f"gNB-DU {self.config.node_gnb_id}",
             sender_type="DU", vendor_name=self.config.vendor[:32]), self.version)
         for sub in due:
             sub.due_ms = now_ms + sub.period_ms
-            for plan in sub.actions:
-                message = kpm.encode_indication_message(self._report(m, plan), self.version)
-                ind = e2ap.RicIndication(sub.request_id, self.config.kpm_function_id, plan.action_id, header, message,
+            for action_id, plan in sub.actions:
+                content = self._report(m, plan) if isinstance(plan, ReportPlan) else \
+                    uestyles.report(m, self.config, plan)
+                if content is None:  # a UE-level action that matched no UE this period
+                    continue
+                message = kpm.encode_indication_message(content, self.version)
+                ind = e2ap.RicIndication(sub.request_id, self.config.kpm_function_id, action_id, header, message,
                                          sn=sub.sn)
                 sub.sn = (sub.sn + 1) % 65536
                 out.append(Outgoing(INDICATION, e2ap.encode_e2ap(ind)))

@@ -139,3 +139,23 @@ class Scenario:
     @property
     def period_s(self) -> float:
         return self.period_slots * SLOT_S
+
+
+def parse_slices(spec: str) -> tuple[SliceConfig, SliceConfig]:
+    """`"2:1,1:1"` (SST:SD of the protected slice, then of the best-effort one; `SST` alone for no SD) ->
+    the site's two slices, with the load shares and delay budgets of PROTECTED and BEST_EFFORT. The model
+    serves exactly these two kinds per site; what is configurable is the S-NSSAI each carries."""
+    parts = [p.strip() for p in spec.split(",")]
+    if len(parts) != 2:
+        raise ModelConfigError(f"slices {spec!r}: expected PROTECTED_SST:SD,BEST_EFFORT_SST:SD")
+    out = []
+    for part, base in zip(parts, (PROTECTED, BEST_EFFORT), strict=True):
+        sst, sep, sd = part.partition(":")
+        try:
+            out.append(SliceConfig(base.name, int(sst), int(sd, 0) if sep else None, base.protected,
+                                   base.load_share, base.delay_budget_ms))
+        except ValueError as exc:
+            raise ModelConfigError(f"slices {spec!r}: {exc}") from exc
+    if (out[0].sst, out[0].sd) == (out[1].sst, out[1].sd):
+        raise ModelConfigError(f"slices {spec!r}: the two slices need different S-NSSAIs")
+    return out[0], out[1]

@@ -7,7 +7,7 @@ too, one RMR endpoint per node. Everything xApps and submgr see is as in OSC: mt
 request's RIC instance ID (routed to the xApp owning that sub_id, as rtmgr's routes do); 10030 error
 indications.
 
-The E2T also plays e2mgr for E2 setup: it names the node as e2mgr does (`ran_name`), writes the
+The E2T also plays e2mgr for E2 setup: it names the node as OSC's E2T does (`names.ran_name`), writes the
 R-NIB, adds the node to the meid map of its route table, and answers E2setupResponse.
 
 Routing is by route table throughout (rmr-wire §9): the E2T re-renders its own table whenever a
@@ -33,6 +33,7 @@ from e2sm import e2ap
 from e2sm.errors import E2DecodeError
 from xapp.rmr import RmrError, RmrMessage, RmrSendError, RmrState
 
+from .names import ran_name
 from .outbox import PeerOutbox
 from .rnib import NodeRecord, RanFunctionRecord, RnibWriter
 from .routes import (
@@ -63,11 +64,6 @@ KPM_OID_PREFIXES = ("1.3.6.1.4.1.53148.1.2.2", "1.3.6.1.4.1.53148.1.3.2")
 RC_OID = "1.3.6.1.4.1.53148.1.1.2.3"
 MAX_XAPPS = 32   # xApps are learnt from the src of controls: any sender can name one
 IDENTITY_IN_USE = e2ap.Cause("protocol", "message-not-compatible-with-receiver-state")
-
-
-def ran_name(node_id: e2ap.GlobalE2NodeId) -> str:
-    """The RAN inventory name e2mgr gives a gNB: gnb_<MCC>_<MNC>_<gNB-ID as 8 hex digits>."""
-    return f"gnb_{node_id.plmn[:3]}_{node_id.plmn[3:]}_{node_id.gnb_id:08x}"
 
 
 def supported_oid(oid: str) -> bool:

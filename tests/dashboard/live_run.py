@@ -94,7 +94,9 @@ class LiveRun:
         sim = self.sup.start("sim", [str(XAPP_BIN / "weaver"), "sim", "--sites", str(sites), "--cells", str(cells),
                                      "--e2term-port", "0", "--submgr-port", "0", "--api-port", "0",
                                      "--xapp", f"127.0.0.1:{rmr_port}", "--route-dir", str(self.run_dir),
-                                     "--redis", f"{redis['host']}:{redis['port']}"], env=redis_env)
+                                     "--redis", f"{redis['host']}:{redis['port']}",
+                                     # the model's slices, not weaver sim's default (eMBB SST 1 / SD 1)
+                                     "--slices", "2:1,1:2"], env=redis_env)
         sim.wait_for_line(r"^weaver-sim: ready", timeout)
         info = dict(line.split(" ", 2)[1:] for line in sim.lines if line.startswith("weaver-sim: ")
                     and line.count(" ") >= 2)

@@ -43,7 +43,7 @@ def test_setup_request_names_node_like_e2mgr():
     out = node.setup_request()
     req = e2ap.decode_e2ap(out.payload)
     assert out.mtype == 12001 and isinstance(req, e2ap.E2SetupRequest)
-    assert ran_name(req.node_id) == node.config.inventory_name == "gnb_001_01_00000001"
+    assert ran_name(req.node_id) == node.config.inventory_name == "gnbd_001_001_000001_1"
     oids = {f.oid for f in req.ran_functions}
     assert oids == {kpm.KPM_OID_V3, rc.RC_OID}
     assert _node(kpm_version="v2.03")[0].setup_request().payload != out.payload

@@ -38,7 +38,7 @@ def test_weaver_sim_starts_prints_endpoints_and_stops_on_sigint(xapp_python, rep
         eps = dict(re.findall(r"^weaver-sim: (\S+) (.*)$", out, re.M))
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+/ric/v1/subscriptions", eps["submgr"]), eps
         assert re.fullmatch(r"127\.0\.0\.1:\d+", eps["e2term-rmr"])
-        assert eps["nodes"] == "gnb_001_01_00000001,gnb_001_01_00000002"
+        assert eps["nodes"] == "gnbd_001_001_000001_1,gnbd_001_001_000002_1"
         with urllib.request.urlopen(eps["sim-api"] + "/state", timeout=10) as r:
             assert len(json.loads(r.read())["sites"]) == 2
         table = Path(eps["route-table"]).read_text()
