@@ -165,9 +165,10 @@ def _listen(serve, agent, addr: str, explicit: bool):
 def cmd_run(args) -> int:
     from agent.crosssite.agent import CrossSiteAgent
     from agent.inspect_service import serve_inspect
+    from agent.logs import setup as setup_logs
     from agent.metrics import serve_metrics
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logs()        # plain on a terminal, the OSC MDC JSON lines in a pod (agent.logs)
     try:
         cfg = build_config(args)
     except ValueError as exc:

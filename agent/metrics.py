@@ -1,15 +1,94 @@
-"""Prometheus text exposition of the agent's own measurements, on a localhost HTTP `/metrics`.
+"""The agent's Prometheus metrics, on `prometheus_client`, served on a localhost HTTP `/metrics`.
 
-`render(agent)` is a pure formatting of what the agent already measured (status, recent lease
-windows, NVML when present); `serve_metrics(agent, addr)` is the thin HTTP shell around it.
+`AgentMetrics` (one per `SiteAgent`, its own registry) holds what only exists as it happens: the
+histograms of lease grant -> first launch, revocation/expiry -> idle, and each lease window's overrun,
+plus running totals of the closed windows. The agent's levels (status, recent windows, NVML) are read
+when Prometheus scrapes (`_AgentCollector`, the library's custom-collector pattern), so the agent keeps
+each number in one place. `render(agent)` is the exposition as text; `serve_metrics(agent, addr)` the
+HTTP shell around the library's WSGI app.
+
+All families carry `site`; docs/contracts.md lists them and docker/grafana/weaver.json reads them.
 """
 from __future__ import annotations
 
 import math
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+    make_wsgi_app,
+)
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 
 from agent.monitors import NvmlSampler
+
+disable_created_metrics()     # no `*_created` twin of every counter and histogram
+
+# Seconds. A lease period is 10 ms - 1 s; the first launch waits for the enforcer's plan and, on the
+# first lease, the warm-up; going idle waits for the micro-batch in flight (kept short at the edge).
+LAUNCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+YIELD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# An overrun of 0 is the common, wanted case: its own bucket.
+OVERRUN_BUCKETS = (0.0, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class AgentMetrics:
+    """The agent's observed distributions. The agent calls the hooks; times are the agent's clock."""
+
+    def __init__(self, site_id: str) -> None:
+        self.site_id = site_id
+        self.registry = CollectorRegistry()
+        r, site = self.registry, ("site",)
+        self.first_launch = Histogram(
+            "weaver_agent_lease_first_launch_seconds",
+            "A lease received while idle -> the first launch under it (includes the warm-up on the first lease).",
+            site, buckets=LAUNCH_BUCKETS, registry=r).labels(site_id)
+        self.yield_seconds = Histogram(
+            "weaver_agent_yield_seconds",
+            "Lease end -> the agent idle, by cause: revoked (from the revocation's arrival), expired (from the "
+            "hard end), disconnected (from the stream's loss).", ("site", "cause"), buckets=YIELD_BUCKETS, registry=r)
+        self.overrun = Histogram(
+            "weaver_agent_overrun_seconds",
+            "Overrun of each closed lease window: busy time above its grant, or the last micro-batch's work past "
+            "the window's or the lease's end.", site, buckets=OVERRUN_BUCKETS, registry=r).labels(site_id)
+        self.windows = Counter("weaver_agent_windows_total", "Lease windows closed.", site, registry=r).labels(site_id)
+        self.granted_ms = Counter("weaver_agent_granted_busy_ms_total", "Busy time granted over the closed windows, ms.",
+                                  site, registry=r).labels(site_id)
+        self.used_ms = Counter("weaver_agent_used_busy_ms_total", "Busy time measured over the closed windows, ms.",
+                               site, registry=r).labels(site_id)
+        self._lock = threading.Lock()
+        self._idle_since: float | None = None     # a lease received while idle, no launch yet
+        self._holding = False
+
+    def lease_started(self, received_at: float) -> None:
+        """A lease was adopted (renewals too: only the first of an unbroken chain starts the clock)."""
+        with self._lock:
+            if not self._holding:
+                self._holding, self._idle_since = True, received_at
+
+    def launched(self, at: float) -> None:
+        with self._lock:
+            if self._idle_since is not None:
+                self.first_launch.observe(max(0.0, at - self._idle_since))
+                self._idle_since = None
+
+    def lease_ended(self, cause: str, to_idle_s: float) -> None:
+        with self._lock:
+            self._holding, self._idle_since = False, None
+        self.yield_seconds.labels(self.site_id, cause).observe(max(0.0, to_idle_s))
+
+    def window_closed(self, report) -> None:
+        """An `agent.enforcer.WindowReport`."""
+        self.overrun.observe(max(0.0, report.overrun_s))
+        self.windows.inc()
+        self.granted_ms.inc(max(0.0, report.granted_s) * 1e3)
+        self.used_ms.inc(max(0.0, report.busy_s) * 1e3)
 
 
 def _q(xs: list[float], q: float) -> float:
@@ -17,77 +96,93 @@ def _q(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else math.nan
 
 
+class _AgentCollector:
+    """The agent's levels, read at scrape time."""
+
+    def __init__(self, agent, nvml: NvmlSampler | None) -> None:
+        self.agent, self.nvml = agent, nvml
+
+    def collect(self):
+        agent = self.agent
+        st = agent.status()
+        site = st.site_id
+
+        def gauge(name: str, help_: str, value, **labels) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(f"weaver_agent_{name}", help_, labels=["site", *labels])
+            g.add_metric([site, *labels.values()], float(value))
+            return g
+
+        over = [w.overrun_s * 1e3 for w in list(agent.window_reports)]
+        yield gauge("step", "The optimizer step the trainer is at (it resumes from checkpoints).", st.step)
+        tokens = CounterMetricFamily("weaver_agent_tokens", "Training tokens processed.", labels=["site"])
+        tokens.add_metric([site], float(st.tokens))
+        yield tokens
+        yield gauge("tokens_per_second", "Recent training throughput.", st.tokens_per_s)
+        yield gauge("loss", "Last training loss.", st.loss)
+        yield gauge("val_loss", "Last validation loss on the held-out slice.", st.val_loss)
+        yield gauge("connected", "1 while the lease stream is up.", int(st.connected))
+        yield gauge("mode", "Execution mode (label).", 1, mode=st.mode)
+        yield gauge("lease_units", "SMs (or cores) of the current lease; 0 = none.", st.lease.sm_count)
+        yield gauge("lease_remaining_ms", "Validity left on the current lease.", st.lease_remaining_ms)
+        for q in (0.5, 0.99):
+            yield gauge(f"overrun_ms_p{int(q * 100)}", f"Overrun p{int(q * 100)} over the recent windows, ms.",
+                        _q(over, q))
+        yield gauge("overrun_ms_max", "Largest overrun over the recent windows, ms.", max(over) if over else math.nan)
+        # both reasons always present, so a rate() has a zero to start from
+        refused = CounterMetricFamily(
+            "weaver_agent_leases_refused", "Leases refused and not run: 'expired' (hard end passed in transit), "
+            "'refused' (no partition within the lease).", labels=["site", "reason"])
+        for reason in sorted({"expired", "refused"} | set(agent.refused)):
+            refused.add_metric([site, reason], float(agent.refused.get(reason, 0)))
+        yield refused
+        lat = list(agent.yield_latencies_ms)
+        yield gauge("yield_latency_ms_max", "Longest time from a revocation to idle over the recent ones, ms.",
+                    max(lat) if lat else math.nan)
+        sample = self.nvml.sample() if self.nvml is not None else None
+        yield gauge("nvml_available", "1 when NVML answered.", int(sample is not None))
+        if sample is not None:
+            yield gauge("gpu_util_percent", "NVML device utilisation (any kernel running).", sample.gpu_util_pct)
+            yield gauge("gpu_mem_used_bytes", "NVML device memory used.", sample.mem_used_bytes)
+            yield gauge("gpu_sm_clock_mhz", "NVML SM clock.", sample.sm_clock_mhz)
+            yield gauge("gpu_throttle_reasons", "NVML clock throttle reason bitmask.", sample.throttle_reasons)
+            if sample.process_sm_util_pct is not None:
+                yield gauge("process_sm_util_percent", "NVML SM utilisation of this process.",
+                            sample.process_sm_util_pct)
+
+
+def registry_for(agent, nvml: NvmlSampler | None = None) -> CollectorRegistry:
+    """The agent's histograms and totals (`agent.metrics`) and its levels, in one registry."""
+    reg = CollectorRegistry()
+    reg.register(_AgentCollector(agent, nvml))
+    if getattr(agent, "metrics", None) is not None:
+        reg.register(agent.metrics.registry)       # a registry is a collector too
+    return reg
+
+
 def render(agent, nvml: NvmlSampler | None = None) -> str:
-    st = agent.status()
-    windows = list(agent.window_reports)
-    over = [w.overrun_s * 1e3 for w in windows]
-    lines: list[str] = []
-
-    def metric(name: str, kind: str, help_: str, value, labels: str = "") -> None:
-        lines.append(f"# HELP weaver_agent_{name} {help_}")
-        lines.append(f"# TYPE weaver_agent_{name} {kind}")
-        lines.append(f"weaver_agent_{name}{labels} {float(value)!r}")
-
-    site = f'{{site="{st.site_id}"}}'
-    metric("step", "counter", "Optimizer steps applied.", st.step, site)
-    metric("tokens_total", "counter", "Training tokens processed.", st.tokens, site)
-    metric("tokens_per_second", "gauge", "Recent training throughput.", st.tokens_per_s, site)
-    metric("loss", "gauge", "Last training loss.", st.loss, site)
-    metric("val_loss", "gauge", "Last validation loss on the held-out slice.", st.val_loss, site)
-    metric("connected", "gauge", "1 while the lease stream is up.", int(st.connected), site)
-    metric("mode", "gauge", "Execution mode (label).", 1, f'{{site="{st.site_id}",mode="{st.mode}"}}')
-    metric("lease_units", "gauge", "SMs (or cores) of the current lease; 0 = none.", st.lease.sm_count, site)
-    metric("lease_remaining_ms", "gauge", "Validity left on the current lease.", st.lease_remaining_ms, site)
-    metric("windows_total", "counter", "Lease windows closed (recent buffer).", len(windows), site)
-    metric("granted_busy_ms_total", "counter", "Busy time granted over the recent windows.",
-           sum(w.granted_s for w in windows) * 1e3, site)
-    metric("used_busy_ms_total", "counter", "Busy time measured over the recent windows.",
-           sum(w.busy_s for w in windows) * 1e3, site)
-    for q in (0.5, 0.99):
-        metric(f"overrun_ms_p{int(q * 100)}", "gauge", f"Overrun p{int(q * 100)} over recent windows.",
-               _q(over, q), site)
-    metric("overrun_ms_max", "gauge", "Largest overrun over recent windows.", max(over) if over else math.nan, site)
-    # One family, a series per reason (both always present, so a rate() has a zero to start from).
-    lines.append("# HELP weaver_agent_leases_refused_total Leases refused and not run: 'expired' (hard end "
-                 "passed in transit), 'refused' (no partition within the lease).")
-    lines.append("# TYPE weaver_agent_leases_refused_total counter")
-    for reason in sorted({"expired", "refused"} | set(agent.refused)):
-        lines.append(f'weaver_agent_leases_refused_total{{site="{st.site_id}",reason="{reason}"}} '
-                     f"{float(agent.refused.get(reason, 0))!r}")
-    metric("yield_latency_ms_max", "gauge", "Longest time from a revocation to idle.",
-           max(agent.yield_latencies_ms) if agent.yield_latencies_ms else math.nan, site)
-    sample = nvml.sample() if nvml is not None else None
-    metric("nvml_available", "gauge", "1 when NVML answered.", int(sample is not None), site)
-    if sample is not None:
-        metric("gpu_util_percent", "gauge", "NVML device utilisation (any kernel running).", sample.gpu_util_pct, site)
-        metric("gpu_mem_used_bytes", "gauge", "NVML device memory used.", sample.mem_used_bytes, site)
-        metric("gpu_sm_clock_mhz", "gauge", "NVML SM clock.", sample.sm_clock_mhz, site)
-        metric("gpu_throttle_reasons", "gauge", "NVML clock throttle reason bitmask.", sample.throttle_reasons, site)
-        if sample.process_sm_util_pct is not None:
-            metric("process_sm_util_percent", "gauge", "NVML SM utilisation of this process.",
-                   sample.process_sm_util_pct, site)
-    return "\n".join(lines) + "\n"
+    return generate_latest(registry_for(agent, nvml)).decode()
 
 
-def serve_metrics(agent, addr: str = "127.0.0.1:0") -> tuple[ThreadingHTTPServer, str]:
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, *args):   # keep the agent's log for the agent
+        pass
+
+
+def serve_metrics(agent, addr: str = "127.0.0.1:0") -> tuple[WSGIServer, str]:
+    """Serve `/metrics` (and only that: any other path is a 404) on `addr` from a daemon thread."""
     host, _, port = addr.rpartition(":")
-    nvml = NvmlSampler()
+    exposition = make_wsgi_app(registry_for(agent, NvmlSampler()))
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's naming)
-            if self.path.split("?")[0] != "/metrics":
-                self.send_error(404, "only /metrics is served here")
-                return
-            body = render(agent, nvml).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def app(environ, start_response):
+        if environ.get("PATH_INFO") != "/metrics":
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"only /metrics is served here\n"]
+        return exposition(environ, start_response)
 
-        def log_message(self, *args):   # keep the agent's log for the agent
-            pass
-
-    server = ThreadingHTTPServer((host, int(port)), Handler)
+    server = make_server(host, int(port), app, server_class=_Server, handler_class=_Quiet)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server, f"{host}:{server.server_address[1]}"

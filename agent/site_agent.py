@@ -49,6 +49,7 @@ from agent.lease_client import (
     LeaseGranted,
     LeaseRevoked,
 )
+from agent.metrics import AgentMetrics
 from agent.modes import CPU, GPU, ModeController, ModeSwitch
 from agent.monitors import DeviceFacts, detect_device, used_units_ms
 from agent.partition import GreenContextPool
@@ -106,6 +107,7 @@ class SiteAgent:
         self.yield_latencies_ms: deque[float] = deque(maxlen=256)
         self.work_log: deque[tuple[float, float, str]] = deque(maxlen=4096)   # (start, end, kind) of leased work
         self.refused: dict[str, int] = {}      # leases refused, by reason
+        self.metrics = AgentMetrics(config.lease.site_id)   # histograms for /metrics (agent.metrics)
         self._busy_until = -math.inf           # agent clock when the last leased work ended
         self._held: LeaseTerms | None = None   # the newest lease adopted and not yet released
         self._warmed = False                   # the throw-away warm-up micro-batch has run (_warm_up)
@@ -253,6 +255,7 @@ class SiteAgent:
 
     def _launch(self, d: Launch) -> None:
         t0 = self.clock()
+        self.metrics.launched(t0)
         if not self._warmed or self._evaluating:
             # Leased work outside the step-time fit: the warm-up (one sample, at most the planned launch)
             # first, then validation. Forward-only is ~1/3 the cost of a training sample; full-length
@@ -358,13 +361,15 @@ class SiteAgent:
                     self._settle()
                     if self.enforcer.on_revoke(ev.at, ev.lease_id, ev.reason, self._busy_until):
                         self.yield_latencies_ms.append((self.clock() - ev.at) * 1e3)
+                        self.metrics.lease_ended("revoked", self.clock() - ev.at)
                         log.info("lease %s revoked: %s", ev.lease_id or "(all)", ev.reason)
                         if self._held is not None:
                             self._release(self._held.lease_id, REVOKED, ev.at, held_sm_count=0)
                 elif isinstance(ev, Disconnected):
                     # Connection loss: launch nothing more under any lease we held. No release can be
                     # sent on a closed stream: the broker counts those leases until their hard end.
-                    self.enforcer.on_revoke(ev.at, "", "disconnected", self._busy_until)
+                    if self.enforcer.on_revoke(ev.at, "", "disconnected", self._busy_until):
+                        self.metrics.lease_ended("disconnected", self.clock() - ev.at)
                     self._held = None
                 elif isinstance(ev, Connected):
                     self.cross_site = ev.cross_site
@@ -383,6 +388,7 @@ class SiteAgent:
             return
         t = self._effective_terms(terms)
         if self.enforcer.on_lease(t):
+            self.metrics.lease_started(t.received_at)
             last = next(reversed(self._records.values()), None)   # the lease adopted before
             if last is None or last.lease_id != t.lease_id:
                 if last is not None and last.end == "active":
@@ -484,8 +490,10 @@ class SiteAgent:
             if r.end == EXPIRED and self._held is not None and r.lease_id == self._held.lease_id:
                 with self._lock:
                     self._settle()
+                    self.metrics.lease_ended("expired", self._busy_until - self._held.expires_at)
                     self._release(r.lease_id, EXPIRED, self._held.expires_at, held_sm_count=0)
             self.window_reports.append(r)
+            self.metrics.window_closed(r)
             units = self.partition_units(r.sm_count)
             used_ms = used_units_ms(self.device, r.busy_s, r.cpu_s, units)
             with self._lock:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 import sys
 
+from xapp import logs
 from xapp.appmgr import deregister, register_if_configured
 from xapp.config import ConfigError, load_config
 from xapp.state import StateError
@@ -40,7 +40,7 @@ async def serve(args) -> int:
     from xapp.app import XappApp, env_overrides
 
     cfg = load_config(args.config)
-    logging.getLogger().setLevel(args.log_level or cfg.log_level)
+    logs.configure(cfg, args.log_level)      # plain on a terminal, mdclogpy's JSON on a RIC (xapp.logs)
     x = XappApp(cfg, config_path=args.config, keep_subscriptions=args.keep_subscriptions, record_path=args.record)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -100,8 +100,7 @@ def main(argv=None) -> int:
     if argv[:1] == ["site-token"]:
         return site_token(argv[1:])
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup()        # auto, or WEAVER_LOG_FORMAT, until the config says more (serve)
     if not args.config:
         print("weaver-xapp: no config: pass --config or set CONFIG_FILE", file=sys.stderr)
         return 2

@@ -476,7 +476,7 @@ class XappApp:
     def _spec(self, node: E2Node, xid: int) -> tuple[SubscriptionSpec, KpmVersion, tuple[MeasInfo, ...]]:
         kpm = node.kpm
         override = self.cfg.e2.kpm_version_override.get(node.meid)
-        version = {"v2.03": KpmVersion.V2_03, "v3.00": KpmVersion.V3_00, "v4.00": KpmVersion.V4_00}[override] if override else \
+        version = {"v2.03": KpmVersion.V2_03, "v3.00": KpmVersion.V3_00}[override] if override else \
             kpm_version_from_oid(kpm.oid)
         site = self.cfg.site_of(node.meid)
         supported = supported_measurements(kpm.definition, version)

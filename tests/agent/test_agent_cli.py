@@ -81,7 +81,7 @@ def test_metrics_endpoint_exports_the_agent_measurements(running_agent):
     for name in ("weaver_agent_step", "weaver_agent_tokens_total", "weaver_agent_overrun_ms_p99",
                  "weaver_agent_used_busy_ms_total", "weaver_agent_nvml_available"):
         assert f"# TYPE {name} " in text
-    assert 'weaver_agent_mode{site="site-7",mode="gpu"} 1.0' in text
+    assert 'weaver_agent_mode{mode="gpu",site="site-7"} 1.0' in text
     assert 'weaver_agent_nvml_available{site="site-7"} 0.0' in text          # no driver here: optional
     with pytest.raises(urllib.error.HTTPError):
         urllib.request.urlopen(f"http://{running_agent['metrics']}/nope", timeout=10)

@@ -104,7 +104,7 @@ def test_a_cuda_lease_without_a_partition_is_refused_counted_and_released(tmp_pa
     agent._handle([LeaseGranted(LeaseTerms("small", 40, 0.1, 10.0, 40 / 132, now, 1, 1))])
     assert agent.enforcer.lease is None and agent.refused == {"refused": 1}
     assert sent == [("small", "refused", 0.0, 0)]
-    assert 'weaver_agent_leases_refused_total{site="site-0",reason="refused"} 1.0' in render(agent)
+    assert 'weaver_agent_leases_refused_total{reason="refused",site="site-0"} 1.0' in render(agent)
     agent._handle([LeaseGranted(LeaseTerms("whole", 132, 0.1, 10.0, 1.0, now, 1, 2))])
     assert agent.enforcer.lease.lease_id == "whole" and agent.partition_units(132) == 132
 
