@@ -490,7 +490,8 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         config_path.write_text(json.dumps(xapp_controls(cfg, sim, ports, lighthouse, int(time.time() * 1000)),
                                           indent=2))
         xenv = {"CONFIG_FILE": str(config_path), "RMR_SEED_RT": str(sim.ric.route_file), "RMR_RTG_SVC": "-1",
-                "RMR_SRC_ID": cfg.host, "PYTHONPATH": str(ROOT)}
+                "RMR_SRC_ID": cfg.host, "PYTHONPATH": str(ROOT),
+                "WEAVER_LOG_FORMAT": "plain"}    # RMR_* would pick the RIC's JSON lines; xapp_revokes reads plain ones
         from xapp.agents import site_credential
         broker_secret = secrets.token_hex(32)   # this run's; in no file, only in the xApp's environment
         token_env = json.loads(config_path.read_text())["controls"]["broker"].get("token_env")
