@@ -35,6 +35,17 @@ larger of the host CPU charged to it so far and the host CPU expected of a whole
 tracker over past periods: a burst raises it at once, it decays slowly), and less the previous
 period's excess (busy + host over the grant), all divided by `threads`, never below 0. Without
 readings (a GPU, where host CPU is no GPU SM, or a caller that passes none) nothing changes.
+
+Idle accounting (the utilisation waterfall, xapp.waterfall). Every closed window says why the part of
+its grant that no recorded work used stayed idle, in lease seconds (wall seconds on the lease's units):
+granted = busy + host (its host CPU / threads) + the `idle_s` causes, exactly. The time between two calls
+is attributed to what the enforcer last said: an Idle(round-deadline), or anything after a caller's
+deadline, is a round wait (the cross-site tier's blocking phases run after it, with no decision asked);
+an Idle(budget-spent) with busy budget left is the enforcer's own choice (nothing fits); the time after
+recorded work until the next decision is the caller's loop (event handling, reports, checkpoint writes).
+What is left once those are counted (capped at the idle grant, in time order) is the budget held back
+for host CPU or a previous period's excess (host reserve), and the closing term `other`, negative when
+the window's work ran beyond its grant.
 """
 from __future__ import annotations
 
@@ -53,6 +64,10 @@ EDGE_QUANTILE = 0.97      # residual quantile for a launch that ends at the wind
 COLD_GAP_S = 0.001        # a launch starting this long after the last work ended runs cold (see StepTimeFit)
 MIN_POOL = 8              # residuals a cold/warm pool needs before its own quantiles replace the pooled ones
 HOST_DECAY = 0.8          # per period: how fast the expected host CPU of a period forgets a burst
+# Idle causes (WindowReport.idle_s); SPENT is time after the busy budget was used, no loss of its own.
+NOTHING_FITS, ROUND_WAIT, LOOP, HOST_RESERVE, OTHER, SPENT = (
+    "nothing-fits", "round-wait", "loop", "host-reserve", "other", "spent")
+IDLE_CAUSES = (NOTHING_FITS, ROUND_WAIT, HOST_RESERVE, LOOP, OTHER)
 
 
 @dataclass(frozen=True)
@@ -132,6 +147,11 @@ class WindowReport:
     samples: int
     steps: int
     end: str                # period | expired | revoked | replaced
+    host_s: float = 0.0     # host CPU charged to the window, in lease seconds (core-seconds / threads)
+    idle_s: tuple[tuple[str, float], ...] = ()   # (cause, lease seconds): granted - busy - host, by cause
+
+    def idle(self, cause: str) -> float:
+        return sum(s for c, s in self.idle_s if c == cause)
 
 
 class StepTimeFit:
@@ -282,6 +302,15 @@ class _Window:
     steps: int = 0
     host_s: float = 0.0     # host CPU (core-seconds) beyond the recorded work, charged to this window
     debt_s: float = 0.0     # busy time the previous period's excess over its grant takes from this one
+    idle: list = field(default_factory=list)    # [cause, seconds] in time order (see the module doc)
+
+    def note_idle(self, cause: str, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        if self.idle and self.idle[-1][0] == cause:
+            self.idle[-1][1] += seconds
+        else:
+            self.idle.append([cause, seconds])
 
     @property
     def end(self) -> float:
@@ -312,6 +341,8 @@ class BudgetEnforcer:
         self._work_cpu = self._work_wall = 0.0
         self.host_threads = 1
         self.host_expected_s = 0.0
+        # Idle accounting: since when, and why, nothing has been recorded: (since, cause, caller's deadline)
+        self._mark: tuple[float, str, float | None] | None = None
 
     # --- lease events ----------------------------------------------------------------------------
     def _stale(self, terms: LeaseTerms) -> bool:
@@ -332,6 +363,8 @@ class BudgetEnforcer:
                 self._close(now, REPLACED)
             self.window = _Window(terms, now)
         self.lease = terms
+        if self._mark is None:
+            self._mark = (now, LOOP, self.deadline)
         return True
 
     def on_refused(self, terms: LeaseTerms, reason: str) -> bool:
@@ -413,6 +446,33 @@ class BudgetEnforcer:
         return self.fit.a   # before any step was timed: the fixed per-launch cost
 
     def decide(self, now: float, pending_samples: int = 0, step_samples: int = 1) -> Decision:
+        d = self._decide(now, pending_samples, step_samples)
+        self._attribute(now)
+        if isinstance(d, Idle):
+            cause = ROUND_WAIT if d.reason == "round-deadline" else SPENT
+            w = self.window
+            if d.reason == "budget-spent" and w is not None and self.busy_budget(w) - w.busy_s > 1e-9:
+                cause = NOTHING_FITS     # budget left, but the enforcer planned nothing into it
+            self._mark = (now, cause, self.deadline)
+        else:
+            self._mark = None            # work follows; its recording sets the next mark
+        return d
+
+    def _attribute(self, until: float) -> None:
+        """The time since the mark, inside the current window, to the mark's cause (after the caller's
+        deadline: a round wait)."""
+        w, m = self.window, self._mark
+        if m is None:
+            return
+        if w is not None:
+            t0, t1 = max(m[0], w.start), min(until, w.end)
+            if t1 > t0:
+                split = t1 if m[2] is None else min(max(m[2], t0), t1)
+                w.note_idle(m[1], split - t0)
+                w.note_idle(ROUND_WAIT, t1 - split)
+        self._mark = (max(m[0], until), m[1], m[2])
+
+    def _decide(self, now: float, pending_samples: int, step_samples: int) -> Decision:
         self._advance(now)
         if self.lease is None or self.window is None:
             return Idle(None, self.last_end_reason or "no-lease")
@@ -587,6 +647,7 @@ class BudgetEnforcer:
 
     def _account(self, started: float, ended: float, cpu_s: float, samples: int = 0, step: bool = False) -> None:
         self._last_end = max(self._last_end, ended)
+        self._mark = (ended, LOOP, self.deadline)
         self._work_cpu += cpu_s
         self._work_wall += ended - started
         w = self.window
@@ -602,16 +663,54 @@ class BudgetEnforcer:
         w.overrun_s = max(w.overrun_s, over_budget, past_end, 0.0)
 
     def _close(self, at: float, end: str) -> None:
+        self._attribute(at)
         w = self.window
         covered = max(0.0, min(at, w.end) - w.start)
         granted = min(w.lease.budget_s, covered)
+        host = w.host_s / self.host_threads
         self._closed.append(WindowReport(w.lease.lease_id, w.lease.sm_count, w.start, covered, granted,
                                          w.busy_s, w.cpu_s, w.overrun_s, w.micro_batches, w.samples,
-                                         w.steps, end))
+                                         w.steps, end, host, self._idle_causes(w, granted, host)))
         self.window = None
+
+    def _idle_causes(self, w: _Window, granted: float, host: float) -> tuple[tuple[str, float], ...]:
+        """granted - busy - host split by cause (module doc): the measured idle stretches in time order, up
+        to what was idle; then the budget held back (host reserve, debt); then the closing term."""
+        left = granted - w.busy_s - host
+        out = dict.fromkeys(IDLE_CAUSES, 0.0)
+        for cause, seconds in w.idle:
+            if cause != SPENT and left > 0:
+                take = min(seconds, left)
+                out[cause] += take
+                left -= take
+        held_back = max(0.0, (max(self.host_expected_s, w.host_s) - w.host_s) / self.host_threads) + w.debt_s
+        if left > 0:
+            out[HOST_RESERVE] = min(left, held_back)
+            left -= out[HOST_RESERVE]
+        out[OTHER] = left
+        return tuple(out.items())
 
     def next_deadline(self) -> float | None:
         """When the enforcer next changes its mind without new input (period end or lease expiry)."""
         if self.window is None:
             return None
         return min(self.window.end, self.window.lease.expires_at)
+
+
+def window_waterfall(r: WindowReport, units: int, used_ms: float, work_log=()) -> dict[str, float]:
+    """A closed window's held -> used waterfall as UsageReport fields (lease.proto), in the units of
+    `used_ms` (SM·ms, or core·ms on a CPU): granted = used + host + starved + the idle causes. `work_log`:
+    (start, end, kind) of the leased work, for the warm-up and validation shares of `used_ms`."""
+    ms = 1e3 * units
+    busy_ms = r.busy_s * ms
+    end = r.start + r.length_s
+    wall = {"warm-up": 0.0, "eval": 0.0}
+    for t0, t1, kind in work_log:
+        if kind in wall and t0 >= r.start and t1 <= end + 1e-9:
+            wall[kind] += t1 - t0
+    share = used_ms / busy_ms if busy_ms > 0 else 0.0
+    return {"host_sm_ms": r.host_s * ms, "starved_sm_ms": busy_ms - used_ms,
+            "idle_nothing_fits_sm_ms": r.idle(NOTHING_FITS) * ms, "idle_round_wait_sm_ms": r.idle(ROUND_WAIT) * ms,
+            "idle_host_reserve_sm_ms": r.idle(HOST_RESERVE) * ms, "idle_loop_sm_ms": r.idle(LOOP) * ms,
+            "idle_other_sm_ms": r.idle(OTHER) * ms,
+            "warm_up_sm_ms": wall["warm-up"] * ms * share, "eval_sm_ms": wall["eval"] * ms * share}
