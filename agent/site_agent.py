@@ -39,6 +39,7 @@ from agent.enforcer import (
     LeaseTerms,
     StepNow,
     WindowReport,
+    window_waterfall,
 )
 from agent.job import JobContext, job_slos, load_job
 from agent.lease_client import (
@@ -121,6 +122,9 @@ class SiteAgent:
         self._next_ckpt_step = config.train.checkpoint_every
         self._checkpoint_due = False
         self.cross_site: lease_pb2.CrossSiteConfig | None = None
+        self.stepped_tokens = 0         # tokens, steps and loss sum of applied optimizer steps
+        self.stepped_steps = 0
+        self.stepped_loss_sum = 0.0
 
     # --- public API (used by the inspection server and tests) ---------------------------------
     def status(self) -> lease_pb2.AgentStatus:
@@ -212,13 +216,7 @@ class SiteAgent:
         next_mode_eval = self.clock() + MODE_EVERY_S
         try:
             while not self.stop_event.is_set() and (deadline is None or self.clock() < deadline):
-                self._handle(self.client.poll(0.0))
-                self._serve_checkpoint_requests()
-                if self.modes.device == GPU:
-                    self._leased_iteration()
-                else:
-                    self._fallback_iteration()
-                self._report_closed()
+                self._iteration()
                 if self.clock() >= next_mode_eval:
                     next_mode_eval = self.clock() + MODE_EVERY_S
                     self._evaluate_mode()
@@ -230,6 +228,16 @@ class SiteAgent:
             self.client.stop()                     # lets the release out first
             self._checkpoint()                     # on shutdown, as of the last optimizer step
             self._serve_checkpoint_requests()
+
+    def _iteration(self) -> None:
+        """One pass of the loop (the cross-site agent adds its round tick between launches)."""
+        self._handle(self.client.poll(0.0))
+        self._serve_checkpoint_requests()
+        if self.modes.device == GPU:
+            self._leased_iteration()
+        else:
+            self._fallback_iteration()
+        self._report_closed()
 
     def _leased_iteration(self) -> None:
         c = self.config.train
@@ -298,11 +306,16 @@ class SiteAgent:
 
     def _optimizer_step(self) -> None:
         with self._lock:
+            tokens = self.trainer.pending_tokens
             r = self.trainer.optimizer_step()
             self._tokens_at.append((self.clock(), self.trainer.tokens_seen))
         c = self.config.train
         if r is None:
             return
+        if r.applied:   # what a cross-site round counts: tokens whose gradients entered a step
+            self.stepped_tokens += tokens
+            self.stepped_steps += 1
+            self.stepped_loss_sum += r.loss
         if r.applied:
             self.modes.observe_step(self.clock())
         if c.eval_every and self.trainer.step >= self._next_eval_step:
@@ -510,7 +523,8 @@ class SiteAgent:
                 overrun_ms=r.overrun_s * 1e3, steps=r.steps, tokens=r.samples * self.trainer.tokens_per_sample,
                 loss=self.trainer.last_loss, mode=self.modes.mode, mode_reason=self.mode_reason,
                 window_ms=r.length_s * 1e3,
-                device=self.device.kind, val_loss=self.trainer.last_val_loss))
+                device=self.device.kind, val_loss=self.trainer.last_val_loss,
+                **window_waterfall(r, units, used_ms, self.work_log)))
 
     def _tokens_per_s(self) -> float:
         if len(self._tokens_at) < 2:

@@ -1,20 +1,18 @@
-"""The site agent with the cross-site tier: SiteAgent's lease loop, inside time-boxed rounds.
+"""The site agent with the cross-site tier: SiteAgent's lease loop, with rounds that overlap it.
 
 As torchtitan's FaultTolerantTrainer subclasses its Trainer, `CrossSiteAgent` subclasses `SiteAgent`
-and changes one thing. Once the lease stream has delivered a `CrossSiteConfig` naming a Lighthouse,
-each pass of the agent loop is one `CrossSiteTier.run_round`, whose local work is the ordinary leased
-iterations (lease events, micro-batches, optimizer steps, usage reports) until the round's work
-deadline. The tier then combines the sites' updates and resets the model to the committed global
-weights. Without that config (or when the coordinator clears it) it is exactly a SiteAgent.
+and adds one thing to its loop. Once the lease stream has delivered a `CrossSiteConfig` naming a
+Lighthouse, every pass of the one lease loop (lease events, micro-batches, optimizer steps, usage
+reports) also ticks the tier between launches: at the start of a round's transfer window it hands
+the tier a snapshot of the weights and the work trained since the last one, and when the round's
+exchange has landed (on the tier's own thread) it merges the new global weights under the local
+progress made meanwhile. Training never stops for the wide area; the published transfer windows
+stay (the transport still gets its schedulable window). Without that config (or when the
+coordinator clears it) it is exactly a SiteAgent.
 
-Leases stay the only thing that lets it compute: with no lease the work phase idles on lease events
-until the deadline and the round contributes zero tokens, but the site stays in the quorum. The
-tokens a round reports are those of samples whose gradients entered an optimizer step this round;
-gradients still pending at the deadline belong to weights the round is about to replace, so they
-are dropped and not counted.
-
-The tier's blocking phases (quorum, all-reduces, the wait for the next boundary) run no training,
-so a lease held meanwhile is unused, never overrun: that is the transfer window's cost.
+Leases stay the only thing that lets it compute: with no lease the loop idles on lease events and
+the round contributes zero tokens, but the site stays in the quorum. The tokens a round reports are
+those of samples whose gradients entered an optimizer step between its snapshot and the one before.
 """
 from __future__ import annotations
 
@@ -22,21 +20,15 @@ import json
 import logging
 import math
 import threading
-import time
 from collections import deque
 
 import torch
 
 from agent.crosssite.rounds import LocalWork, flatten
 from agent.crosssite.tier import CrossSiteTier, RoundRecord, TierConfig, lease_stream_callbacks
-from agent.modes import GPU
-from agent.site_agent import IDLE_TICK_S, SiteAgent
+from agent.site_agent import SiteAgent
 
 log = logging.getLogger("weaver.agent.crosssite")
-
-
-class _WorkFailed(Exception):
-    """Training itself raised inside a round: not a tier failure, so it is not swallowed."""
 
 
 class _Join:
@@ -80,31 +72,39 @@ class CrossSiteAgent(SiteAgent):
         self._failures_in_a_row = 0
         self._bad_config: str = ""
         self._retry_at = -math.inf
-        self._stop_at: float | None = None
         self._round_eval_step = 0               # validate after the first committed round this step is reached
+        self._mark = self._work_counters()      # the counters at the last snapshot (or at joining)
 
-    # --- the loop: one round per pass while the tier is on --------------------------------------
+    # --- the loop: SiteAgent's, with the tier ticked between launches ---------------------------
     def run(self, max_seconds: float | None = None) -> None:
-        self._stop_at = None if max_seconds is None else self.clock() + max_seconds
         try:
             super().run(max_seconds)
         finally:
             self._close_tier()
 
-    def _leased_iteration(self) -> None:
-        if self._current_tier() is None:
-            super()._leased_iteration()
-        else:
-            self._round()
+    def _iteration(self) -> None:
+        super()._iteration()
+        tier = self._current_tier()
+        if tier is None:
+            return
+        try:
+            tier.poll()                        # merge a round that has landed (calls _on_round)
+            if tier.due() and not self.stop_event.is_set():
+                tier.begin(self._work_since_snapshot())
+        except Exception as exc:  # noqa: BLE001 - quorum / collective failures: the next round retries
+            self._tier_failed("round failed", exc, tier.config.round_s)
 
-    def _fallback_iteration(self) -> None:
-        if self._current_tier() is None:
-            super()._fallback_iteration()
-        else:
-            self._round()
+    def _work_counters(self) -> tuple[int, int, float]:
+        return self.stepped_tokens, self.stepped_steps, self.stepped_loss_sum
 
-    def _stopping(self) -> bool:
-        return self.stop_event.is_set() or (self._stop_at is not None and self.clock() >= self._stop_at)
+    def _work_since_snapshot(self) -> LocalWork:
+        tokens, steps, loss_sum = self._work_counters()
+        t0, s0, l0 = self._mark
+        self._mark = (tokens, steps, loss_sum)
+        n = steps - s0
+        if n <= 0 or tokens <= t0:
+            return LocalWork(0, 0)
+        return LocalWork(tokens - t0, n, (loss_sum - l0) / n)
 
     # --- tier lifecycle -------------------------------------------------------------------------
     def _wanted_config(self) -> TierConfig | None:
@@ -138,7 +138,7 @@ class CrossSiteAgent(SiteAgent):
         if self._join is None:
             if self.clock() >= self._retry_at:
                 on_plan, _ = lease_stream_callbacks(self.client)
-                self._join = _Join(lambda: CrossSiteTier(self.trainer.model, wanted, sleep=self._sleep,
+                self._join = _Join(lambda: CrossSiteTier(self.trainer.model, wanted,
                                                          on_transfer_plan=on_plan, on_round=self._on_round))
             return None
         if not self._join.done.is_set():
@@ -148,9 +148,10 @@ class CrossSiteAgent(SiteAgent):
             self._tier_failed(f"could not join {wanted.lighthouse_addr}", result, wanted.round_s)
             return None
         # Its copy of the weights was taken on the joining thread, possibly mid optimizer step: take
-        # it again here, on the loop thread. (A first quorum with healthier peers replaces it anyway.)
+        # it again here, on the loop thread: the work from now on is based on it.
         with torch.no_grad():
             result.global_flat.copy_(flatten(result.params))
+        self._mark = self._work_counters()
         self.tier = result
         # validation follows committed rounds (global weights), not local optimizer steps
         self._next_eval_step = math.inf
@@ -177,62 +178,6 @@ class CrossSiteAgent(SiteAgent):
         log.warning("cross-site: %s: %s: %s; training alone for %.1f s", what, type(exc).__name__, exc, backoff)
         self._close_tier()
         self._retry_at = self.clock() + backoff
-
-    # --- one round --------------------------------------------------------------------------------
-    def _round(self) -> None:
-        if self._stopping():   # no new round once stopping; the base loop ends within a tick
-            self._handle(self.client.poll(IDLE_TICK_S))
-            return
-        tier = self.tier
-        try:
-            tier.run_round(self._local_work)
-        except _WorkFailed as exc:
-            raise exc.__cause__ from None
-        except Exception as exc:  # noqa: BLE001 - quorum / collective failures: the next round retries
-            self._tier_failed("round failed", exc, tier.config.round_s)
-
-    def _local_work(self, deadline_unix_s: float) -> LocalWork:
-        """The lease loop until the round's work deadline (unix s, converted to the agent's clock)."""
-        t = self.trainer
-        end = self.clock() + (deadline_unix_s - time.time())
-        tokens0, step0 = t.tokens_seen, t.step
-        # The deadline is one more hard end for the enforcer: it plans nothing (micro-batch, validation
-        # chunk, step) to end after it, and idles until it once nothing fits.
-        with self._lock:
-            self.enforcer.deadline = end
-        try:
-            while not self._stopping() and self.clock() < end:
-                self._handle(self.client.poll(0.0))
-                self._serve_checkpoint_requests()
-                if self.modes.device == GPU:
-                    super()._leased_iteration()
-                else:
-                    super()._fallback_iteration()
-                self._report_closed()
-            # What arrived during the last launch (a revoke, a replacement) is acknowledged now, not
-            # after the round's collectives, which may block for seconds.
-            self._handle(self.client.poll(0.0))
-        except Exception as exc:
-            raise _WorkFailed() from exc
-        finally:
-            with self._lock:
-                self.enforcer.deadline = None
-        steps = t.step - step0
-        # Tokens actually trained: a cut micro-batch (Launch.fraction < 1) trains only a prefix of each
-        # sample, so samples x block_size would over-count the round's (token-weighted) contribution.
-        pending = t.pending_tokens
-        if t.pending_samples:
-            t.discard_pending()
-        tokens = t.tokens_seen - tokens0 - pending if steps else 0
-        return LocalWork(tokens, steps, t.last_loss if steps else math.nan)
-
-    def _sleep(self, seconds: float) -> None:
-        """The tier's wait for the next round boundary: nothing is launched, but lease events are
-        handled (and released) and closed windows reported meanwhile, as in the idle lease loop."""
-        end = self.clock() + seconds
-        while (left := end - self.clock()) > 0:
-            self._handle(self.client.poll(min(left, IDLE_TICK_S)))
-            self._report_closed()
 
     def _on_round(self, rec: RoundRecord) -> None:
         self.rounds.append(rec)

@@ -11,8 +11,16 @@ deterministic and fast; the live multi-process tier is exercised by tests/crosss
             for the site with the least budget (DDP/FSDP across sites).
   diloco    every site does H local AdamW steps, pseudo-gradients are averaged, outer Nesterov step
             (stock DiLoCo): each round waits for the slowest site to finish H steps.
-  weaver    fixed rounds; each site does as many steps as its budget allows before the transfer
-            window; token-weighted (FedNova when step counts differ widely) outer Nesterov step.
+  weaver-blocking
+            fixed rounds; each site does as many steps as its budget allows before the transfer
+            window and idles through it; token-weighted (FedNova when step counts differ widely)
+            outer Nesterov step (Weaver before rounds overlapped compute).
+  weaver    what the agent runs: the same rounds, overlapped with compute (Streaming DiLoCo's
+            one-round-delayed outer step): a site snapshots its weights at the start of the
+            transfer window and trains on, through the window; once the exchange has landed
+            (WAN time later) it continues from the new global weights plus what it trained since
+            the snapshot (`rounds.merged`). The budget is spent continuously, with no per-round
+            truncation: a step's leftover budget carries into the next round.
 
 Run: `weaver bench training [--duration-s 60] [--json out.json]` (or `python -m agent.crosssite.bench`).
 """
@@ -28,10 +36,18 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from agent.crosssite.rounds import LocalWork, OuterOptimizer, RoundPolicy, combine, flatten, unflatten_into
+from agent.crosssite.rounds import (
+    LocalWork,
+    OuterOptimizer,
+    RoundPolicy,
+    combine,
+    flatten,
+    merged,
+    unflatten_into,
+)
 from agent.crosssite.traces import Capacity, TraceSpec, budget_traces
 
-MODES = ("lockstep", "diloco", "weaver")
+MODES = ("lockstep", "diloco", "weaver-blocking", "weaver")
 
 
 @dataclass(frozen=True)
@@ -213,10 +229,58 @@ class Bench:
         res.elapsed_s = t
         return res
 
+    def overlapped(self) -> ModeResult:
+        c, res = self.cfg, ModeResult("weaver")
+        trainers = [self._make(i) for i in range(c.sites)]
+        params = [list(tr.model.parameters()) for tr in trainers]
+        global_flat = flatten(params[0]).clone()
+        outer = OuterOptimizer(global_flat, RoundPolicy(outer_lr=c.outer_lr, outer_momentum=c.outer_momentum))
+        comm = self.comm_s(global_flat.numel())
+        assert comm <= c.transfer_window * c.round_s, "transfer window too short for the WAN model"
+        res.curve.append((0.0, 0, trainers[0].evaluate()))
+        carry = [0.0] * c.sites        # budget (full-GPU s) not yet spent on a whole step
+        done = [0] * c.sites           # steps since the last snapshot
+
+        def train(t_from: float, t_to: float) -> None:
+            for i, tr in enumerate(trainers):
+                budget = carry[i] + self.cap.work(i, t_from, t_to)
+                n = int(budget / c.step_cost_s + 1e-9)
+                carry[i] = budget - n * c.step_cost_s
+                for _ in range(n):
+                    tr.micro_batch(c.micro_batch)
+                    tr.optimizer_step()
+                done[i] += n
+                res.used_s += n * c.step_cost_s
+                res.optimizer_steps += n
+
+        policy = RoundPolicy(outer_lr=c.outer_lr, outer_momentum=c.outer_momentum)
+        t, k = 0.0, 0
+        while True:
+            snap_t = (k + 1 - c.transfer_window) * c.round_s       # round k's transfer window opens
+            if snap_t + comm > c.duration_s:
+                break                          # work after the last snapshot would enter no round
+            train(t, snap_t)
+            snaps = [flatten(p) for p in params]
+            locals_ = [(f, LocalWork(n * self.tokens_per_batch, n)) for f, n in zip(snaps, done, strict=True)]
+            done = [0] * c.sites
+            train(snap_t, snap_t + comm)                            # while the exchange is in flight
+            g, stats, _ = combine(global_flat, locals_, policy)
+            if g is not None:
+                outer.step(g)
+            for p, snap in zip(params, snaps, strict=True):
+                unflatten_into(merged(global_flat, flatten(p), snap), p)
+            t, k = snap_t + comm, k + 1
+            res.rounds += 1
+            res.committed_tokens += stats.tokens
+            res.curve.append((t, res.committed_tokens, trainers[0].evaluate()))
+        res.elapsed_s = t
+        return res
+
     def run(self, mode: str) -> ModeResult:
         torch.manual_seed(self.cfg.seed)
         t0 = time.perf_counter()
-        res = self.lockstep() if mode == "lockstep" else self._rounds(mode)
+        res = (self.lockstep() if mode == "lockstep" else self.overlapped() if mode == "weaver"
+               else self._rounds(mode))
         res.wall_s = time.perf_counter() - t0
         return res
 
@@ -242,7 +306,7 @@ def report(cfg: BenchConfig, results: dict[str, ModeResult], bench: Bench) -> di
     equal = min(r.committed_tokens for r in results.values())
     for m, r in results.items():
         summaries[m]["val_loss_at_equal_tokens"] = loss_at_tokens(r.curve, equal)
-    w, lk, dl = summaries["weaver"], summaries["lockstep"], summaries["diloco"]
+    w, lk, dl, wb = summaries["weaver"], summaries["lockstep"], summaries["diloco"], summaries["weaver-blocking"]
     return {
         "bench": "training",
         "config": asdict(cfg) | {"diloco_h": cfg.h},
@@ -255,6 +319,8 @@ def report(cfg: BenchConfig, results: dict[str, ModeResult], bench: Bench) -> di
         "weaver_minus_lockstep_val_loss_at_equal_tokens": w["val_loss_at_equal_tokens"] - lk["val_loss_at_equal_tokens"],
         "weaver_minus_diloco_val_loss_at_equal_tokens": w["val_loss_at_equal_tokens"] - dl["val_loss_at_equal_tokens"],
         "weaver_minus_lockstep_final_val_loss": w["final_val_loss"] - lk["final_val_loss"],
+        "weaver_vs_blocking_tokens_ratio": _ratio(w["committed_tokens_per_s"], wb["committed_tokens_per_s"]),
+        "weaver_minus_blocking_val_loss_at_equal_tokens": w["val_loss_at_equal_tokens"] - wb["val_loss_at_equal_tokens"],
         "curves": {m: r.curve for m, r in results.items()},
     }
 
@@ -263,10 +329,10 @@ def print_table(out: dict) -> None:
     t = out["traces"]
     print(f"budget traces: mean share per site {t['mean_budget_per_site']}, zero-budget share "
           f"{t['zero_budget_share_per_site']}, cross-site correlation {t['mean_cross_site_correlation']}")
-    print(f"{'mode':<10}{'tokens/s':>11}{'tokens':>10}{'rounds':>8}{'util':>7}{'waiting':>9}"
+    print(f"{'mode':<16}{'tokens/s':>11}{'tokens':>10}{'rounds':>8}{'util':>7}{'waiting':>9}"
           f"{'val@end':>9}{'val@equal':>11}{'wall s':>8}")
     for m, s in out["modes"].items():
-        print(f"{m:<10}{s['committed_tokens_per_s']:>11.0f}{s['committed_tokens']:>10}{s['rounds']:>8}"
+        print(f"{m:<16}{s['committed_tokens_per_s']:>11.0f}{s['committed_tokens']:>10}{s['rounds']:>8}"
               f"{s['budget_utilisation']:>7.2f}{s['waiting_share_of_budget']:>9.2f}{s['final_val_loss']:>9.3f}"
               f"{s['val_loss_at_equal_tokens']:>11.3f}{s['wall_s']:>8.1f}")
     def x(r):
@@ -275,6 +341,8 @@ def print_table(out: dict) -> None:
           f"{x(out['weaver_vs_lockstep_tokens_ratio'])}, vs diloco: {x(out['weaver_vs_diloco_tokens_ratio'])}; "
           f"val loss at equal tokens, weaver - lockstep: {out['weaver_minus_lockstep_val_loss_at_equal_tokens']:+.3f}, "
           f"weaver - diloco: {out['weaver_minus_diloco_val_loss_at_equal_tokens']:+.3f}")
+    print(f"overlapped vs blocking rounds: committed tokens/s {x(out['weaver_vs_blocking_tokens_ratio'])}, "
+          f"val loss at equal tokens {out['weaver_minus_blocking_val_loss_at_equal_tokens']:+.3f}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -147,6 +147,13 @@ def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
             offset += n
 
 
+def merged(global_flat: torch.Tensor, local_flat: torch.Tensor, snapshot_flat: torch.Tensor) -> torch.Tensor:
+    """Where a site continues once its round has landed (overlapped rounds): the new global weights
+    plus what it trained since the snapshot its delta was taken from. Every local step then enters
+    exactly one round's delta; with nothing trained since the snapshot it is the global weights."""
+    return global_flat + (local_flat - snapshot_flat)
+
+
 def weighted_delta(global_flat: torch.Tensor, local_flat: torch.Tensor, work: LocalWork,
                    fednova: bool) -> torch.Tensor:
     """The vector this site sends: t_i·Δ_i, or t_i·Δ_i/τ_i under FedNova. Zero when it did nothing."""

@@ -1,29 +1,35 @@
 """The inter-site tier: time-boxed, token-weighted rounds on torchft's Manager and Lighthouse.
 
 It wraps a trainer the way torchtitan's FaultTolerantTrainer does: the trainer owns the model, its
-inner optimiser and its budget, and exposes one callable, `local_work(deadline) -> LocalWork`, that
-trains until the wall-clock deadline within its leases. Without this tier the trainer runs alone.
+inner optimiser and its budget; the agent's lease loop calls `due`/`begin`/`poll` between launches
+and never stops training for the wide area (`run_round(local_work)` serves callers without a loop).
+Without this tier the trainer runs alone.
 
-Per round (compute-and-training-facts.md §6.2), on the site leader:
-  1. `start_quorum()` (synchronous: joiners live-heal the global state from a healthy peer here);
-  2. agree on the round deadline: MAX all-reduce of each site's next wall-clock boundary;
-  3. announce a TransferPlan (bytes, deadline) and run local work until the deadline;
-  4. SUM all-reduce of the statistics (tokens, steps) — the time blocked here is the waiting time;
-  5. SUM all-reduce of t_i·Δ_i (FedNova-normalised when step counts differ widely);
-  6. `should_commit()`; on success the outer Nesterov step, and the round's tokens count;
-  7. every worker restarts from the global weights (a failed round is discarded everywhere).
+Per round (compute-and-training-facts.md §6.2), overlapped with compute (Streaming DiLoCo):
+  1. at the start of the round's transfer window the loop thread snapshots the weights (`begin`) and
+     announces a TransferPlan (bytes, window, deadline); local training goes on;
+  2. on the exchange thread, on the site leader: `start_quorum()` (joiners live-heal the global
+     state from a healthy peer here) and a MAX all-reduce agreeing on the round index;
+  3. SUM all-reduce of the statistics (tokens, steps) of the work up to the snapshot;
+  4. SUM all-reduce of t_i·Δ_i, Δ_i = global − snapshot_i (FedNova-normalised when step counts
+     differ widely);
+  5. `should_commit()`; on success the outer Nesterov step, and the round's tokens count;
+  6. back on the loop thread, once landed (`poll`): the weights become the new global weights plus
+     what the site trained since its snapshot (a failed round is discarded everywhere: onto the old
+     global weights).
 torchft's own DiLoCo class is not used: it syncs every H steps, which is the lockstep we avoid.
 
 The tier's state and arithmetic live on the host, whatever device the model trains on: the global
 weights, the outer optimizer, the deltas, the compression residuals and the collectives (gloo) are
-CPU tensors. The model's parameters cross only at the round's boundaries, outside any lease, as
-copies (never kernels): device-to-host once after the work phase (`flatten`), host-to-device per
-parameter where the model restarts from the global weights (`unflatten_into`, steps 1 and 7).
+CPU tensors. The model's parameters cross only as copies (never kernels): device-to-host at the
+snapshot (`flatten`), device-to-host and host-to-device per parameter at the merge, whose sum is
+formed on the host (`unflatten_into`, step 6).
 """
 from __future__ import annotations
 
 import hashlib
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -40,6 +46,7 @@ from agent.crosssite.rounds import (
     RoundStats,
     TokenLedger,
     flatten,
+    merged,
     outer_gradient,
     stats_tensor,
     unflatten_into,
@@ -168,8 +175,50 @@ def checksum(flat: torch.Tensor) -> str:
     return hashlib.sha256(flat.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class _Snapshot:
+    """What the loop thread hands the exchange at the start of a transfer window."""
+
+    round: int
+    window_start: float      # unix s: the announced window's start (the work deadline of the schedule)
+    taken_at: float          # unix s: when the loop thread took it (at its first iteration after the start)
+    local_flat: torch.Tensor  # the site's weights then (CPU float32 copy)
+    work: LocalWork          # what the site trained since the previous snapshot, based on `global_flat`
+
+
+@dataclass
+class _Exchange:
+    """One round's collectives, run on the exchange thread; the loop thread reads it once `done`."""
+
+    snap: _Snapshot
+    done: threading.Event = field(default_factory=threading.Event)
+    round: int = 0
+    participants: int = 0
+    step: int = 0
+    site_tokens: int = 0
+    stats: RoundStats | None = None
+    fednova: bool = False
+    committed: bool = False
+    healed: bool = False
+    t_quorum: float = 0.0
+    t_done: float = 0.0
+    error: BaseException | None = None
+
+
 class CrossSiteTier:
-    """One site's membership in the cross-site tier (the Manager lives on the site leader only)."""
+    """One site's membership in the cross-site tier (the Manager lives on the site leader only).
+
+    Rounds overlap compute (Streaming DiLoCo's overlap, with a one-round-delayed outer step): at the
+    start of round k's transfer window the loop thread snapshots the site's weights (`begin`) and
+    training goes on; an exchange thread runs the quorum and the all-reduces of Δ_k = global_k −
+    snapshot_k meanwhile, and the outer step gives global_{k+1}. When it has landed the loop thread
+    merges (`poll`): the weights become global_{k+1} + (local_now − snapshot_k), the new global plus
+    what the site trained since the snapshot, so every local step enters exactly one round's delta and
+    no compute waits for the wide area. A round that fails or does not commit merges onto global_k
+    (its delta is dropped everywhere, as before); a joiner that healed in the quorum restarts from the
+    healed global weights (its local work was based on other weights and contributed nothing).
+    `run_round` is the same protocol with the local work in front, for callers that have no loop.
+    """
 
     def __init__(self, model: torch.nn.Module, config: TierConfig, *, clock: Clock = time.time,
                  sleep: Sleep = time.sleep, reducer: SiteReducer | None = None,
@@ -189,6 +238,10 @@ class CrossSiteTier:
         self.wire_bytes = wire_bytes(self.global_flat.numel(), config.compression)
         self._healed = False
         self._last_round: int | None = None
+        self._last_snapshot_at = self.clock()
+        self._inflight: _Exchange | None = None
+        self._closed = False
+        self.next_round, self.window_start = config.work_deadline(self.clock())
         self.manager = None
         self._store = None
         if self.reducer.leader:
@@ -221,32 +274,103 @@ class CrossSiteTier:
         self.ledger.load_state_dict(state["ledger"])
         self._healed = True
 
-    def _reset_local(self) -> None:
-        with torch.no_grad():
-            unflatten_into(self.global_flat, self.params)
-
     def _allreduce(self, t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
         self.manager.allreduce(t, reduce_op=op).wait()
         return t
 
+    # -- the loop thread's side: never blocks on the wide area -------------------------------------
+    @property
+    def in_flight(self) -> bool:
+        return self._inflight is not None
+
+    def due(self, now: float | None = None) -> bool:
+        """True when the loop should call `begin`: no round in flight and the transfer window opened."""
+        return self._inflight is None and (self.clock() if now is None else now) >= self.window_start
+
+    def begin(self, work: LocalWork) -> None:
+        """Snapshot the weights for round `next_round` and start its exchange; `work` is what the site
+        trained since the previous snapshot (on the weights the last merge gave it). Loop thread."""
+        if self._inflight is not None:
+            raise RuntimeError("a round is already in flight")
+        c = self.config
+        now = self.clock()
+        snap = _Snapshot(self.next_round, self.window_start, now, flatten(self.params), work)
+        if self.reducer.leader and self.on_transfer_plan is not None:
+            self.on_transfer_plan(TransferPlan(
+                site_id=c.site_id, round=snap.round, bytes=self.wire_bytes,
+                window_start_unix_ms=round(snap.window_start * 1000),
+                deadline_unix_ms=c.round_epoch_ms + (snap.round + 1) * c.round_ms,   # exact: integer ms
+                workers=self.reducer.world_size))
+        ex = self._inflight = _Exchange(snap)
+        threading.Thread(target=self._exchange, args=(ex,), name="crosssite-exchange", daemon=True).start()
+
+    def poll(self) -> RoundRecord | None:
+        """Merge the round in flight if its exchange has landed and return its record (None otherwise).
+        Re-raises an exchange's failure (the round then merges nothing: the local weights stay). Loop
+        thread, between launches: the merge copies weights across, it runs no kernel."""
+        ex = self._inflight
+        if ex is None or not ex.done.is_set():
+            return None
+        self._inflight = None
+        now = self.clock()
+        self.next_round, self.window_start = self.config.work_deadline(now)
+        if ex.error is not None:
+            raise ex.error
+        snap = ex.snap
+        with torch.no_grad():
+            if ex.healed:
+                unflatten_into(self.global_flat, self.params)       # restart from the healed weights
+            else:
+                unflatten_into(merged(self.global_flat, flatten(self.params), snap.local_flat), self.params)
+        self._last_round = ex.round
+        t_end = self.clock()
+        stats = ex.stats
+        rec = RoundRecord(
+            site_id=self.config.site_id, round=ex.round, step=ex.step, committed=ex.committed,
+            participants=ex.participants, tokens=ex.site_tokens,
+            round_tokens=stats.tokens if ex.committed else 0, steps=snap.work.steps,
+            contributors=stats.contributors, fednova=ex.fednova, healed=ex.healed,
+            bytes_sent=self.wire_bytes if self.reducer.leader else 0, wall_ms=(t_end - snap.taken_at) * 1000,
+            idle_ms=0.0, work_ms=(snap.taken_at - self._last_snapshot_at) * 1000,
+            quorum_ms=(ex.t_quorum - snap.taken_at) * 1000, wait_ms=(ex.t_done - ex.t_quorum) * 1000,
+            committed_total=self.ledger.committed_total, loss=snap.work.loss, checksum=checksum(self.global_flat))
+        self._last_snapshot_at = snap.taken_at
+        if self.on_round is not None:
+            self.on_round(rec)
+        return rec
+
     def run_round(self, local_work: Callable[[float], LocalWork]) -> RoundRecord:
-        """One full round; returns its record (also passed to `on_round`)."""
-        c, red = self.config, self.reducer
-        t_idle = self.clock()
-        k_next = c.next_round(t_idle)
-        # Members of the last round ask for the next quorum at its boundary, all together. A site
-        # that was not in it (new, restarted, or left out) asks at once, so that it is already
-        # waiting at the Lighthouse when the members arrive: their "fast quorum" then takes it in.
-        if self._last_round == k_next - 1:
-            self.sleep(max(0.0, c.boundary(k_next) - t_idle))
-        t0 = self.clock()
+        """One round for a caller without a loop of its own: local work until the next transfer
+        window, then the exchange, waited for (the same protocol as begin/poll)."""
+        work = local_work(self.window_start)
+        left = self.window_start - self.clock()
+        if left > 0:
+            self.sleep(left)
+        self.begin(work)
+        while True:
+            rec = self.poll()
+            if rec is not None:
+                return rec
+            self._inflight.done.wait(0.05)
+
+    # -- the exchange thread: quorum, statistics, payload, commit, outer step ----------------------
+    def _exchange(self, ex: _Exchange) -> None:
+        try:
+            self._collectives(ex)
+        except BaseException as exc:  # noqa: BLE001 - handed to the loop thread, which decides
+            ex.error = exc
+        finally:
+            ex.t_done = self.clock()
+            ex.done.set()
+
+    def _collectives(self, ex: _Exchange) -> None:
+        red, snap = self.reducer, ex.snap
         self._healed = False
-        # round, deadline, participants, step, errored, global ledger (float64: exact below 2**53)
+        # round, window start, participants, step, errored, global ledger (float64: exact below 2**53)
         head = torch.zeros(7, dtype=torch.float64)
         if red.leader:
             self.manager.start_quorum()
-            k, deadline = c.work_deadline(self.clock())
-            proposal = torch.tensor([k, deadline], dtype=torch.float64)
+            proposal = torch.tensor([snap.round, snap.window_start], dtype=torch.float64)
             self._allreduce(proposal, ReduceOp.MAX)
             head[:2] = proposal
             head[2] = self.manager.num_participants()
@@ -258,36 +382,28 @@ class CrossSiteTier:
             self.ledger.load_state_dict({"committed_rounds": int(head[5]), "committed_total": int(head[6])})
         if red.world_size > 1:   # a healed leader passes the global weights on to its workers
             red.broadcast(self.global_flat)
-        self._reset_local()
-        k, deadline, participants, step = int(head[0]), float(head[1]), int(head[2]), int(head[3])
-        t_q = self.clock()
-
-        if red.leader and self.on_transfer_plan is not None:
-            self.on_transfer_plan(TransferPlan(
-                site_id=c.site_id, round=k, bytes=self.wire_bytes,
-                window_start_unix_ms=round(deadline * 1000),
-                deadline_unix_ms=c.round_epoch_ms + (k + 1) * c.round_ms,   # exact: integer ms
-                workers=red.world_size))
-
-        # A round already broken (a peer died during the quorum) is not worth training for.
-        work = LocalWork(0, 0) if head[4] or not math.isfinite(deadline) else local_work(deadline)
-        t_w = self.clock()
+        healed = bool(red.broadcast(torch.tensor([float(self._healed)], dtype=torch.float64))[0]) \
+            if red.world_size > 1 else self._healed
+        ex.healed = healed
+        ex.round, ex.participants, ex.step = int(head[0]), int(head[2]), int(head[3])
+        ex.t_quorum = self.clock()
+        # Work based on other weights than the healed global ones is no delta of them: it contributes
+        # nothing, and a round already broken (a peer died during the quorum) is not worth sending.
+        work = LocalWork(0, 0) if healed or head[4] else snap.work
 
         stats_t = red.reduce_stats(stats_tensor(work))
-        site_tokens = int(stats_t[0]) if red.leader else work.tokens   # the site's, not one worker's
+        ex.site_tokens = int(stats_t[0]) if red.leader else work.tokens   # the site's, not one worker's
         if red.leader:
             self._allreduce(stats_t, ReduceOp.SUM)
         red.broadcast(stats_t)
-        t_s = self.clock()
         errored = red.leader and self.manager.errored() is not None
         try:
             stats = RoundStats.from_tensor(stats_t)
         except ValueError:   # a corrupted reduction (a peer died mid-collective): the round cannot commit
             stats, errored = RoundStats(0, 0, 0, 0, 0, 0), True
-        fednova = use_fednova(stats, c.policy)
+        fednova = use_fednova(stats, self.config.policy)
 
-        local_flat = flatten(self.params)
-        payload = red.reduce_payload(weighted_delta(self.global_flat, local_flat, work, fednova))
+        payload = red.reduce_payload(weighted_delta(self.global_flat, snap.local_flat, work, fednova))
         verdict = torch.zeros(1, dtype=torch.float64)
         if red.leader:
             wire = self.wan_feedback.compress(payload)
@@ -306,24 +422,11 @@ class CrossSiteTier:
             red.broadcast(self.global_flat)
         if not committed:
             red.rollback()
-        self.ledger.settle(site_tokens, stats.tokens, committed)
-        self._reset_local()
-        self._last_round = k
-        t_end = self.clock()
-
-        rec = RoundRecord(
-            site_id=c.site_id, round=k, step=step, committed=committed, participants=participants,
-            tokens=site_tokens, round_tokens=stats.tokens if committed else 0, steps=work.steps,
-            contributors=stats.contributors, fednova=fednova, healed=self._healed,
-            bytes_sent=self.wire_bytes if red.leader else 0, wall_ms=(t_end - t0) * 1000,
-            idle_ms=(t0 - t_idle) * 1000,
-            work_ms=(t_w - t_q) * 1000, quorum_ms=(t_q - t0) * 1000, wait_ms=(t_s - t_w) * 1000,
-            committed_total=self.ledger.committed_total, loss=work.loss, checksum=checksum(self.global_flat))
-        if self.on_round is not None:
-            self.on_round(rec)
-        return rec
+        self.ledger.settle(ex.site_tokens, stats.tokens, committed)
+        ex.stats, ex.fednova, ex.committed = stats, fednova, committed
 
     def close(self) -> None:
+        self._closed = True
         if self.manager is not None:
             self.manager.shutdown(wait=False)
             self.manager = None

@@ -45,20 +45,23 @@ def test_loss_at_tokens_interpolates():
     assert math.isnan(bench.loss_at_tokens(curve, 400))
 
 
-def test_bench_compares_the_three_modes_on_the_same_traces(tmp_path, capsys):
+def test_bench_compares_the_four_modes_on_the_same_traces(tmp_path, capsys):
     out = tmp_path / "b.json"
     assert bench.main(["--duration-s", "10", "--round-s", "1.0", "--json", str(out)]) == 0
     table = capsys.readouterr().out
     assert "lockstep" in table and "weaver" in table and "x" in table
     res = json.loads(out.read_text())
     modes = res["modes"]
-    assert set(modes) == {"lockstep", "diloco", "weaver"}
+    assert set(modes) == {"lockstep", "diloco", "weaver-blocking", "weaver"}
     for m in modes.values():
         assert {"committed_tokens_per_s", "final_val_loss", "val_loss_at_equal_tokens", "budget_utilisation"} <= set(m)
     # Same traces, same capacity: the time-boxed rounds never wait, lockstep waits for the worst site.
     assert res["weaver_vs_lockstep_tokens_ratio"] > 1.0
     assert modes["weaver"]["waiting_share_of_budget"] == 0.0 < modes["lockstep"]["waiting_share_of_budget"]
     assert modes["weaver"]["final_val_loss"] < res["curves"]["weaver"][0][2]   # it learned
+    # Overlapped rounds train through the transfer windows the blocking rounds idle in.
+    assert modes["weaver"]["budget_utilisation"] > 0.97 > modes["weaver-blocking"]["budget_utilisation"]
+    assert modes["weaver"]["committed_tokens"] > modes["weaver-blocking"]["committed_tokens"]
 
 
 def test_bench_refuses_a_partial_comparison(capsys):

@@ -1,0 +1,165 @@
+"""Overlapped cross-site rounds, in-process and fast: a real Trainer of the tiny preset, torchft's
+Manager replaced by a quorum of one (collectives are the identity) so the exchange runs on its own
+thread exactly as in production, without a Lighthouse.
+
+What must hold: training never stops for the transfer window; the merge is the new global weights
+plus what the site trained since its snapshot; every applied step's tokens enter exactly one round;
+a failed exchange merges nothing; a joiner that healed restarts from the healed weights."""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+
+from agent.config import TrainConfig, tiny_cpu
+from agent.crosssite.agent import CrossSiteAgent
+from agent.crosssite.rounds import LocalWork, flatten
+from agent.crosssite.site import TINY
+from agent.crosssite.tier import CrossSiteTier, TierConfig
+from agent.enforcer import LeaseTerms
+from agent.model import GPTConfig
+from agent.monitors import cpu_facts
+from agent.trainer import Trainer
+from schemas.proto.weaver.v1 import lease_pb2
+from tests.agent.broker import record_releases, wait_for
+from tests.crosssite.test_tier_host import SoloManager
+
+pytestmark = [pytest.mark.agent]
+
+
+def _solo(monkeypatch, manager=None):
+    monkeypatch.setattr(CrossSiteTier, "_start_manager",
+                        lambda self: setattr(self, "manager", manager or SoloManager()))
+
+
+def _trainer() -> Trainer:
+    return Trainer(TrainConfig(model=GPTConfig(**TINY), seed=3))
+
+
+def _train(trainer: Trainer, n: int = 1) -> LocalWork:
+    tokens = 0
+    for _ in range(n):
+        tokens += trainer.micro_batch(4).tokens
+        trainer.optimizer_step()
+    return LocalWork(tokens, n, trainer.last_loss)
+
+
+def _flat(trainer: Trainer) -> torch.Tensor:
+    return flatten(trainer.model.parameters())
+
+
+def _wait_landed(tier: CrossSiteTier):
+    assert wait_for(lambda: tier._inflight.done.is_set(), 10)
+    return tier.poll()
+
+
+def test_the_merge_keeps_what_the_site_trained_after_its_snapshot(monkeypatch):
+    _solo(monkeypatch)
+    trainer = _trainer()
+    tier = CrossSiteTier(trainer.model, TierConfig("http://127.0.0.1:1", "s0", round_ms=1000))
+    work = _train(trainer, 2)
+    snap = _flat(trainer)
+    tier.begin(work)
+    _train(trainer, 1)                              # trained while the round is in flight
+    progress = _flat(trainer) - snap
+    rec = _wait_landed(tier)
+    assert rec.committed and rec.tokens == work.tokens and rec.steps == 2
+    assert not torch.equal(tier.global_flat, snap)  # the outer step moved the global weights
+    torch.testing.assert_close(_flat(trainer), tier.global_flat + progress)
+    assert tier.ledger.committed_total == work.tokens
+
+
+def test_a_failed_exchange_merges_nothing_and_is_raised_on_the_loop_thread(monkeypatch):
+    class Broken(SoloManager):
+        def allreduce(self, t, reduce_op):
+            raise RuntimeError("peer gone")
+    _solo(monkeypatch, Broken())
+    trainer = _trainer()
+    tier = CrossSiteTier(trainer.model, TierConfig("http://127.0.0.1:1", "s0", round_ms=1000))
+    tier.begin(_train(trainer))
+    _train(trainer)
+    local = _flat(trainer)
+    assert wait_for(lambda: tier._inflight.done.is_set(), 10)
+    with pytest.raises(RuntimeError, match="peer gone"):
+        tier.poll()
+    torch.testing.assert_close(_flat(trainer), local)
+    assert not tier.in_flight and tier.ledger.committed_total == 0
+
+
+def test_a_joiner_that_healed_restarts_from_the_healed_weights_and_contributes_nothing(monkeypatch):
+    healthy = torch.full_like(_flat(_trainer()), 0.01)
+
+    class Healing(SoloManager):
+        def __init__(self):
+            super().__init__()
+            self.tier = None
+
+        def start_quorum(self):
+            opt = self.tier.outer.state_dict()
+            self.tier._load_state_dict({"global": healthy, "outer": opt,
+                                        "ledger": {"committed_rounds": 4, "committed_total": 1000}})
+    mgr = Healing()
+    _solo(monkeypatch, mgr)
+    trainer = _trainer()
+    tier = mgr.tier = CrossSiteTier(trainer.model, TierConfig("http://127.0.0.1:1", "s0", round_ms=1000))
+    tier.begin(_train(trainer, 2))
+    _train(trainer)
+    rec = _wait_landed(tier)
+    assert rec.healed and rec.tokens == 0
+    assert tier.ledger.committed_total == 1000                 # the healed ledger, nothing of ours added
+    torch.testing.assert_close(_flat(trainer), tier.global_flat)
+
+
+def _agent(tmp_path, monkeypatch, round_ms=600) -> CrossSiteAgent:
+    _solo(monkeypatch)
+    cfg = tiny_cpu()
+    cfg = replace(cfg, modes=replace(cfg.modes, mode="gpu"), checkpoint_dir=str(tmp_path / "ckpt"),
+                  train=replace(cfg.train, eval_every=0, checkpoint_every=0))
+    agent = CrossSiteAgent(cfg, device=cpu_facts(1))
+    record_releases(agent)
+    agent.client.poll = lambda timeout=0.0: (time.sleep(min(timeout, 0.005)), [])[1]
+    agent.client.send_usage = lambda *a, **k: True
+    agent.client.send_transfer_plan = lambda *a, **k: True
+    agent.client.send_round_report = lambda *a, **k: True
+    agent.cross_site = lease_pb2.CrossSiteConfig(lighthouse_addr="http://127.0.0.1:1", round_ms=round_ms,
+                                                 round_epoch_ms=int(time.time() * 1000))
+    agent.enforcer.on_lease(LeaseTerms("L1", 1, 0.1, 60.0, 1.0, agent.clock()))
+    return agent
+
+
+def test_the_lease_loop_trains_through_the_transfer_windows(tmp_path, monkeypatch):
+    agent = _agent(tmp_path, monkeypatch)
+    windows = []
+    agent.client.send_transfer_plan = lambda rnd, nbytes, deadline_ms, workers: windows.append(deadline_ms) or True
+    end = agent.clock() + 3.0
+    while agent.clock() < end:
+        agent._iteration()
+    assert agent.tier is not None and len(agent.rounds) >= 2, agent.rounds
+    # every window of the schedule (its last 15 % before the round's boundary) saw micro-batches
+    fraction = agent.tier.config.transfer_window_fraction
+    to_agent = agent.clock() - time.time()
+    launches = [t0 for t0, _, kind in agent.work_log if kind == "micro-batch"]
+    for deadline_ms in windows[:-1]:
+        close = deadline_ms / 1000 + to_agent
+        open_ = close - fraction * agent.tier.config.round_s
+        assert any(open_ <= t < close for t in launches), (open_, close)
+    # exactly once: the rounds' tokens are the applied steps' tokens up to the last snapshot
+    assert sum(r.tokens for r in agent.rounds) + (agent.stepped_tokens - agent._mark[0]) == agent.stepped_tokens
+    assert all(r.committed for r in agent.rounds) and sum(r.tokens for r in agent.rounds) > 0
+    agent._close_tier()
+
+
+def test_a_revocation_while_a_round_is_in_flight_is_released_at_once(tmp_path, monkeypatch):
+    from agent.lease_client import LeaseRevoked
+    agent = _agent(tmp_path, monkeypatch, round_ms=400)
+    sent = record_releases(agent)
+    agent._held = agent.enforcer.lease
+    assert wait_for(lambda: (agent._iteration(), agent.tier is not None and agent.tier.in_flight)[1], 10)
+    events = [[LeaseRevoked(agent.clock(), "", "stale-kpm")]]
+    agent.client.poll = lambda timeout=0.0: events.pop(0) if events else []
+    agent._iteration()
+    assert [(lid, reason) for lid, reason, *_ in sent] == [("L1", "revoked")]
+    assert agent.enforcer.lease is None
+    agent._close_tier()
