@@ -75,18 +75,22 @@ def execute(node: NodeConfig, ran, header: bytes, message: bytes, stats) -> e2ap
             return quotas
         served = {(s.sst, s.sd) for s in node.slices}
         for q in quotas:
-            if q.plmn != node.plmn:
+            if q.plmn != node.plmn and node.rc_table != "oai-gnb":  # OAI only matches UEs by PLMN, later
                 return _invalid(f"PLMN {q.plmn} is not this node's {node.plmn}", node)
             if (q.sst, q.sd) not in served:
                 log.info("%s: quota for unknown slice sst %d sd %s", node.inventory_name, q.sst, q.sd)
                 return e2ap.Cause("ricRequest", "control-failed-to-execute")
+        # a later slice the MAC refuses must not leave the earlier ones applied: put the site's quotas back
+        saved = ran.quota[node.site].copy() if hasattr(ran, "quota") else None
         try:
             for q in quotas:
                 for cell in range(node.n_cells):
                     ran.set_slice_quota(node.site, cell, q.sst, q.sd, q.min_ratio, q.max_ratio, q.dedicated_ratio)
-                stats.quotas_applied.append(q)
         except ValueError as exc:  # the MAC refuses e.g. min ratios summing over 100 %
+            if saved is not None:
+                ran.quota[node.site] = saved
             return _invalid(f"the MAC refused the quota: {exc}", node)
+        stats.quotas_applied.extend(quotas)
         outcome: tuple[tuple[int, int], ...] = ((ids.ratio_list, 100),)
         for q in quotas:
             outcome += ((ids.min_ratio, q.min_ratio), (ids.max_ratio, q.max_ratio))

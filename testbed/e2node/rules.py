@@ -160,8 +160,7 @@ def _oai_gnb(node, hdr, msg, ids) -> list[rc.SliceQuota] | e2ap.Cause:
         sst_p, sd_p = _struct(snssai_p, ids.snssai, 2, "S-NSSAI")
         sst, sd = int(_ascii(sst_p, ids.sst, "SST")), int(_ascii(sd_p, ids.sd, "SD"))
         minimum = _oai_int(group[1], ids.min_ratio, "Min PRB Policy Ratio")
-        maximum = _oai_int(group[2], ids.max_ratio, "Max PRB Policy Ratio") \
-            if isinstance(group[2], rc.RanParamElement) and isinstance(group[2].value, int) else 100
+        maximum = 100  # OAI does not read group[2] (its Max PRB Policy Ratio parsing is commented out)
         dedicated = _oai_int(group[3], ids.ded_ratio, "Dedicated PRB Policy Ratio")
         # OAI reads the PLMN with sscanf("%3d%2d") or "%3d%3d": the digits as sent
         out.append(rc.SliceQuota(plmn=plmn, sst=sst, sd=sd, min_ratio=minimum, max_ratio=maximum,
