@@ -94,7 +94,6 @@ def test_flexric_oai_control_follows_the_oai_parser():
     # summing over 100 %, so the control fails, with nothing applied
     model, node = _world("v3.00", rc_table="oai-gnb", slices="1:5,1:1")
     from e2sm import rc
-
     from testbed.e2node import rules
 
     hdr, msg = peers.flexric_slice_control()
