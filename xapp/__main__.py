@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     if argv[:1] == ["site-token"]:
         return site_token(argv[1:])
     args = parse_args(argv)
-    logs.setup()        # auto, or WEAVER_LOG_FORMAT, until the config says more (serve)
+    logs.setup(hold=True)   # lines wait for the config's format (serve), or go out as auto at exit
     if not args.config:
         print("weaver-xapp: no config: pass --config or set CONFIG_FILE", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ plain ones (stdout carries the `weaver-xapp: ...` lines that `weaver up` and the
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import os
 import sys
 import threading
@@ -80,9 +81,17 @@ class MdcFormatter(logging.Formatter):
             return self._lib.line
 
 
-def setup(fmt: str = "auto", level: str | int = "INFO", stream=None, env=os.environ) -> str:
+_held: logging.handlers.MemoryHandler | None = None
+
+
+def setup(fmt: str = "auto", level: str | int = "INFO", stream=None, env=os.environ, hold: bool = False) -> str:
     """Route every log record through one stderr handler in the chosen format; returns `mdc` or `plain`.
-    Replaces handlers an earlier `setup` (or `logging.basicConfig`) put on the root logger."""
+    Replaces handlers an earlier `setup` (or `logging.basicConfig`) put on the root logger.
+
+    `hold`: the format is provisional (the config, read next, may choose another): records wait in memory
+    and go out through the handler of the next `setup`, so a RIC's collector never gets a line in the
+    wrong format; if none comes, at exit through this one."""
+    global _held
     stream = sys.stderr if stream is None else stream
     chosen = choose_format(fmt, env, stream)
     handler = logging.StreamHandler(stream)
@@ -90,9 +99,20 @@ def setup(fmt: str = "auto", level: str | int = "INFO", stream=None, env=os.envi
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
-    root.addHandler(handler)
-    logging.captureWarnings(True)       # warnings become log lines in the same format
     set_level(level)
+    held, _held = _held, None
+    if hold:
+        _held = logging.handlers.MemoryHandler(100_000, flushLevel=logging.CRITICAL + 1, target=handler)
+        root.addHandler(_held)
+    else:
+        root.addHandler(handler)
+    if held is not None:
+        for record in held.buffer:
+            if record.levelno >= root.level:
+                (_held or handler).handle(record)
+        held.buffer.clear()
+        held.close()
+    logging.captureWarnings(True)       # warnings become log lines in the same format
     return chosen
 
 
