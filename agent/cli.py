@@ -1,7 +1,13 @@
 """`weaver-agent`: run the site agent, or inspect a running one over its local AgentInspect service.
 
     weaver-agent run [--preset tiny] [--config agent.json] [--broker host:port] [--site-id s] ...
+                     [--job package.module:factory [--job-arg k=v ...]] [--mode MODE]
+    weaver-agent inspect-job package.module:factory [--job-arg k=v ...] [--json]
     weaver-agent status|watch|leases|checkpoint [--addr 127.0.0.1:50061] [--json]
+
+`run` starts in the mode the Execution Mode Identifier (agent.modeid) gives the job unless `--mode`
+(or the config file's modes.mode) says otherwise; a job that cannot be loaded fails before the agent
+connects, with one line naming the problem.
 
 Tables by default, `--json` for scripts. Exit codes: 0 ok, 1 the agent refused, 2 unreachable / bad usage.
 """
@@ -68,7 +74,7 @@ def format_status(st: lease_pb2.AgentStatus) -> str:
     rows = [("site", st.site_id), ("agent", st.agent_id), ("mode", mode), ("device", st.device),
             ("broker", f"{st.broker} ({'connected' if st.connected else 'disconnected'})"), ("lease", lease),
             ("period", f"{st.used_ms_in_period:.1f} / {st.budget_ms_in_period:.1f} ms of {st.period_ms} ms"),
-            ("step", str(st.step)), ("tokens", str(st.tokens)), ("tokens/s", _fmt(st.tokens_per_s, ".0f")),
+            ("job", st.job or "-"), ("evidence", st.mode_evidence or "-"), ("step", str(st.step)), ("tokens", str(st.tokens)), ("tokens/s", _fmt(st.tokens_per_s, ".0f")),
             ("loss", _fmt(st.loss)), ("val loss", _fmt(st.val_loss)),
             ("checkpoint", f"{st.last_checkpoint or '-'} (step {st.last_checkpoint_step})")]
     w = max(len(k) for k, _ in rows)
@@ -133,9 +139,57 @@ def cmd_checkpoint(args) -> int:
     return 0
 
 
+def cmd_inspect_job(args) -> int:
+    from agent.job import parse_job_args
+    from agent.modeid import ModeIdError, identify
+    try:
+        rep = identify(args.target, parse_job_args(args.job_arg))
+    except (ModeIdError, ValueError) as exc:
+        print(f"weaver-agent: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(rep.to_json()))
+    else:
+        print(f"job       {rep.target}\nmode      {rep.mode}")
+        for i, e in enumerate(rep.evidence):
+            print(f"{'evidence' if i == 0 else '':<9} {e}")
+        print(f"{'files':<9} {', '.join(rep.files)}")
+    return 0
+
+
+def _config_sets_mode(path: str | None) -> bool:
+    if not path:
+        return False
+    try:
+        data = json.loads(open(path).read())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("modes"), dict) and "mode" in data["modes"]
+
+
+def starting_mode(cfg, args):
+    """(config with the starting mode, its evidence): --mode, else the config file's, else the identifier's."""
+    from agent.job import JobError
+    from agent.modeid import ModeIdError, identify
+    if args.mode:
+        return cfg, f"--mode {args.mode}"
+    if _config_sets_mode(args.config):
+        return cfg, f"modes.mode {cfg.modes.mode} in {args.config}"
+    try:
+        rep = identify(cfg.job.name, cfg.job.args)
+    except ModeIdError as exc:
+        raise JobError(f"--job {exc}") from None
+    return replace(cfg, modes=replace(cfg.modes, mode=rep.mode)), "identified: " + rep.summary()
+
+
 def build_config(args):
     from agent.config import PRESETS, load_config
+    from agent.job import JobSpec, parse_job_args
     cfg = load_config(args.config) if args.config else PRESETS[args.preset]()
+    if args.job or args.job_arg:
+        job_args = {**(cfg.job.args if not args.job or args.job == cfg.job.target else {}),
+                    **parse_job_args(args.job_arg)}
+        cfg = replace(cfg, job=JobSpec(args.job or cfg.job.target, job_args, cfg.job.slos))
     lease = cfg.lease
     for flag, key in (("broker", "broker"), ("site_id", "site_id"), ("agent_id", "agent_id"), ("token", "token")):
         if getattr(args, flag):
@@ -165,6 +219,7 @@ def _listen(serve, agent, addr: str, explicit: bool):
 def cmd_run(args) -> int:
     from agent.crosssite.agent import CrossSiteAgent
     from agent.inspect_service import serve_inspect
+    from agent.job import JobError
     from agent.logs import setup as setup_logs
     from agent.metrics import serve_metrics
 
@@ -174,7 +229,13 @@ def cmd_run(args) -> int:
     except ValueError as exc:
         print(f"weaver-agent: bad configuration: {exc}", file=sys.stderr)
         return 2
-    agent = CrossSiteAgent(cfg)   # SiteAgent until the lease stream names a Lighthouse
+    try:
+        cfg, evidence = starting_mode(cfg, args)
+        # SiteAgent until the lease stream names a Lighthouse; the job is built before it connects
+        agent = CrossSiteAgent(cfg, mode_evidence=evidence)
+    except JobError as exc:
+        print(f"weaver-agent: bad job: {exc}", file=sys.stderr)
+        return 2
     server, addr = _listen(serve_inspect, agent, cfg.inspect_addr, explicit=args.inspect_addr is not None)
     metrics, metrics_addr = (_listen(serve_metrics, agent, cfg.metrics_addr, explicit=args.metrics_addr is not None)
                              if cfg.metrics_addr else (None, "off"))
@@ -182,8 +243,9 @@ def cmd_run(args) -> int:
     signal.signal(signal.SIGINT, lambda *_: agent.stop())
     d = agent.device
     print(f"weaver-agent: site {cfg.lease.site_id}, device {d.kind} {d.name} ({d.sm_count} "
-          f"{'SMs' if d.kind == 'cuda' else 'cores'}), {agent.trainer.model.num_params()} params, "
-          f"mode {agent.modes.mode}, broker {cfg.lease.broker}, metrics on {metrics_addr}, inspect on {addr}",
+          f"{'SMs' if d.kind == 'cuda' else 'cores'}), job {cfg.job.name}, "
+          f"{sum(p.numel() for p in agent.trainer.model.parameters())} params, "
+          f"mode {agent.modes.mode} ({evidence}), broker {cfg.lease.broker}, metrics on {metrics_addr}, inspect on {addr}",
           flush=True)
     try:
         agent.run(max_seconds=args.max_seconds)
@@ -194,7 +256,7 @@ def cmd_run(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="weaver-agent", description="Weaver site agent: train inside GPU leases")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the agent daemon")
@@ -208,12 +270,19 @@ def main(argv: list[str] | None = None) -> int:
                           "WEAVER_AGENT_TOKEN, since every process's argv is visible in ps")
     run.add_argument("--mode", choices=["cpu", "cpu_preferred", "gpu_preferred", "gpu"])
     run.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    run.add_argument("--cores", type=int)
+    run.add_argument("--cores", type=float, help="CPU cores the site GPU stands for (fractional: a share of one)")
     run.add_argument("--checkpoint-dir")
     run.add_argument("--inspect-addr", help="localhost address for AgentInspect (port 0 = any free port)")
     run.add_argument("--metrics-addr", help="localhost address for Prometheus /metrics ('' = off)")
     run.add_argument("--max-seconds", type=float, help="stop after this long (tests, demos)")
+    run.add_argument("--job", help="training job package.module:factory (default: the shipped char-GPT)")
+    run.add_argument("--job-arg", action="append", default=[], metavar="K=V", help="factory argument (repeatable)")
     run.set_defaults(fn=cmd_run)
+    ins = sub.add_parser("inspect-job", help="the execution mode the identifier gives a job, with its evidence")
+    ins.add_argument("target", help="package.module:factory or path/to/file.py:factory")
+    ins.add_argument("--job-arg", action="append", default=[], metavar="K=V", help="overrides of its config")
+    ins.add_argument("--json", action="store_true")
+    ins.set_defaults(fn=cmd_inspect_job)
     for name, fn, helptext in (("status", cmd_status, "lease, mode, device, step, tokens, loss, checkpoint"),
                                ("watch", cmd_watch, "one line per period with a progress bar for the lease"),
                                ("leases", cmd_leases, "recent leases with used/granted/overrun"),
@@ -227,7 +296,11 @@ def main(argv: list[str] | None = None) -> int:
         if name == "leases":
             sp.add_argument("--limit", type=int, default=20)
         sp.set_defaults(fn=fn)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
     try:
         return args.fn(args)
     except Unreachable as exc:
