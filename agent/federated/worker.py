@@ -84,9 +84,8 @@ class Worker:
                                "aggs": {}, "updates": {}, "closed": {}}
         return self.arms[name]
 
-    def _train(self, arm: dict, ue: int, rnd: int) -> tuple[Update, float]:
+    def _train(self, arm: dict, digest: str, ue: int, rnd: int) -> tuple[Update, float]:
         g = arm["global"]
-        digest = hashlib.sha1(updates.encode(g, Compression("fp32"))).hexdigest()
         key = (digest, ue, rnd)
         if key not in self.cache:
             delta, loss = local_round(self.model, g, self.shards[ue], self.local, seed=self.seed * 100003 + ue * 131 + rnd)
@@ -98,8 +97,9 @@ class Worker:
         arm = self._arm(req["arm"])
         rnd = int(req["round"])
         losses = []
+        digest = hashlib.sha1(updates.encode(arm["global"], Compression("fp32"))).hexdigest()
         for ue in req["train"]:
-            u, loss = self._train(arm, int(ue), rnd)
+            u, loss = self._train(arm, digest, int(ue), rnd)
             arm["updates"][(int(ue), rnd)] = u
             losses.append(loss)
         out = {}
