@@ -13,7 +13,8 @@ Style 2 action 6 (slice-level PRB quota). Each ID table validates as the DU it e
 - `oai-gnb`: OAI's gNB, `add_mod_rc_slice` in `openair2/E2AP/RAN_FUNCTION/O-RAN/rc_ctrl_service_style_2.c`:
   each RRM Policy Ratio List item has exactly four parameters in order (RRM Policy 3, Min 10, Max 11,
   Dedicated 12), the policy one member list (4) with one member of exactly PLMN (6) and S-NSSAI (7) {SST 8,
-  SD 9}, all ElementFalse, PLMN/SST/SD as ASCII digit octets and the ratios integers. OAI asserts (and
+  SD 9}, all ElementFalse, PLMN/SST/SD as ASCII digit octets, min and dedicated integers (the max is
+  never read: applied when min <= max <= 100, else 100; nor the PLMN checked). OAI asserts (and
   aborts) on any deviation; the emulated node answers control-message-invalid instead.
 - `oai`: OAI/FlexRIC numbering in the nested layout of the shared vector, which no public DU parses:
   Weaver's structural reading (`e2sm.rc.parse_prb_quota_control`), with no ratio relation either.

@@ -160,7 +160,11 @@ def _oai_gnb(node, hdr, msg, ids) -> list[rc.SliceQuota] | e2ap.Cause:
         sst_p, sd_p = _struct(snssai_p, ids.snssai, 2, "S-NSSAI")
         sst, sd = int(_ascii(sst_p, ids.sst, "SST")), int(_ascii(sd_p, ids.sd, "SD"))
         minimum = _oai_int(group[1], ids.min_ratio, "Min PRB Policy Ratio")
-        maximum = 100  # OAI does not read group[2] (its Max PRB Policy Ratio parsing is commented out)
+        # OAI never reads group[2] (its Max PRB Policy Ratio parsing is commented out), so nothing about it
+        # can refuse the control; the emulated MAC still applies a max that fits (min <= max <= 100)
+        p2 = group[2]
+        maximum = p2.value if isinstance(p2, rc.RanParamElement) and type(p2.value) is int \
+            and minimum <= p2.value <= 100 else 100
         dedicated = _oai_int(group[3], ids.ded_ratio, "Dedicated PRB Policy Ratio")
         # OAI reads the PLMN with sscanf("%3d%2d") or "%3d%3d": the digits as sent
         out.append(rc.SliceQuota(plmn=plmn, sst=sst, sd=sd, min_ratio=minimum, max_ratio=maximum,

@@ -99,7 +99,7 @@ def test_flexric_oai_control_follows_the_oai_parser():
     hdr, msg = peers.flexric_slice_control()
     quotas = rules.quotas(node.config, rc.decode_control_header(hdr), rc.decode_control_message(msg), rc.OAI_GNB_IDS)
     assert [(q.plmn, q.sst, q.sd, q.min_ratio, q.max_ratio, q.dedicated_ratio) for q in quotas] == [
-        ("50501", 1, 1, 70, 100, 70), ("50501", 1, 5, 30, 100, 70)]   # OAI ignores the max (51)
+        ("50501", 1, 1, 70, 100, 70), ("50501", 1, 5, 30, 51, 70)]   # OAI ignores the max; 51 < min 70 is dropped
     before = model.quota.copy()
     req = e2ap.RicControlRequest(e2ap.RicRequestId(1, 1), 3, hdr, msg, ack_request=True)
     (out,) = node.receive(12040, e2ap.encode_e2ap(req))
