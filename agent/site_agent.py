@@ -244,6 +244,8 @@ class SiteAgent:
         with self._lock:
             self._note_host_cpu()
             d = self.enforcer.decide(self.clock(), self.trainer.pending_samples, c.step_samples)
+        if not isinstance(d, Idle):
+            self.metrics.launched(self.clock())   # the first leased work, a micro-batch or a step
         if isinstance(d, Launch):
             self._use_threads(self.enforcer.lease.sm_count)
             with self._partition(self.enforcer.lease.sm_count):
@@ -263,7 +265,6 @@ class SiteAgent:
 
     def _launch(self, d: Launch) -> None:
         t0 = self.clock()
-        self.metrics.launched(t0)
         if not self._warmed or self._evaluating:
             # Leased work outside the step-time fit: the warm-up (one sample, at most the planned launch)
             # first, then validation. Forward-only is ~1/3 the cost of a training sample; full-length
