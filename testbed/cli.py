@@ -29,6 +29,7 @@ BENCHES = {
     "xapp": "xapp.bench",
     "policies": "testbed.bench.policies",
     "safety": "testbed.bench.safety",
+    "federated": "testbed.bench.federated",
 }
 AGENT_BENCHES = {
     "agent": "agent.bench",
