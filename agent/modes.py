@@ -18,7 +18,7 @@ Rules (defaults in `ModeConfig`):
 User SLOs (`agent.job.SLOs`, stated by the job or its config) come after the safety rules and before
 the cost and throughput rules. Each stated objective is measured on the device the mode trains on, over
 the window: `min_tokens_per_s` (mean tokens/s, >= SLO_MIN_SAMPLES samples), `max_step_s` (p95 of the
-wall time between optimizer steps, the open interval since the last step included, so a step that never
+wall time between optimizer steps, or the time since the last step when longer, so a step that never
 comes breaches it too) and `round_deadline_s` (mean cross-site round wall time, >= 2 rounds). A breach
 switches to the other preferred mode (promotion honours the usable device and the safety quiet time)
 unless that device is remembered to breach the same SLO; the switch names the SLO (`ModeSwitch.slo`).
@@ -147,10 +147,11 @@ class ModeController:
         if self.slos.min_tokens_per_s and len(tput) >= SLO_MIN_SAMPLES:
             out["min_tokens_per_s"] = self._mean(tput)
         if self.slos.max_step_s and self.steps:
-            at = list(self.steps) + [now]     # the open interval since the last step counts
-            gaps = sorted(b - a for a, b in zip(at, at[1:], strict=False))
-            if len(gaps) >= SLO_MIN_SAMPLES or gaps[-1] > self.slos.max_step_s:
-                out["max_step_s"] = gaps[min(len(gaps) - 1, int(0.95 * len(gaps)))]
+            gaps = sorted(b - a for a, b in zip(self.steps, list(self.steps)[1:], strict=False))
+            waiting = now - self.steps[-1]    # a step that does not come breaches it too
+            p95 = gaps[min(len(gaps) - 1, int(0.95 * len(gaps)))] if len(gaps) >= SLO_MIN_SAMPLES else 0.0
+            if len(gaps) >= SLO_MIN_SAMPLES or waiting > self.slos.max_step_s:
+                out["max_step_s"] = max(p95, waiting)
         if self.slos.round_deadline_s and len(self.round_walls) >= 2:
             out["round_deadline_s"] = self._mean(self.round_walls)
         return out
@@ -184,14 +185,14 @@ class ModeController:
                 continue
             unit = {"min_tokens_per_s": "tok/s", "max_step_s": "s/step", "round_deadline_s": "s/round"}[name]
             op = ">=" if name == "min_tokens_per_s" else "<="
-            what = f"slo {name}: {value:.3g} {unit} on {self.device} breaches {op} {getattr(self.slos, name):g}"
+            what = f"slo {name}: {value:.4g} {unit} on {self.device} breaches {op} {getattr(self.slos, name):g}"
             there = self._remembered_slo(now, other, name)
             blocked = (to == "gpu_preferred" and (not self.usable or now < self.quiet_until)) or \
                 (there is not None and not self._meets(name, there))
             if blocked or now - self.last_switch < self.config.cooldown_s:
                 self.slo_breach = what + ("" if not blocked else f"; {other} cannot do better")
                 continue
-            seen = "unknown" if there is None else f"{there:.3g} {unit}"
+            seen = "unknown" if there is None else f"{there:.4g} {unit}"
             verb = "promote" if to == "gpu_preferred" else "demote"
             return self._switch(now, to, f"{what}; {verb} ({other}: {seen})", slo=name)
         return None
