@@ -29,6 +29,7 @@ from schemas.proto.weaver.v1 import lease_pb2
 
 MODES = ("", "cpu", "cpu_preferred", "gpu_preferred", "gpu")
 MAX_ID = 128
+MAX_SHOWN = 2048    # longest registration text kept for display (job, mode evidence)
 # A report may claim up to twice what the lease's partition could do in one full period: the window's
 # last micro-batch may run past its end (the agent plans it within edge_batch_fraction of the period,
 # and a preempted one runs longer), and that overrun is real usage we want to see, not to refuse. A claim
@@ -69,6 +70,8 @@ class Registration:
     granularity: int
     capabilities: tuple[str, ...]
     mode: str
+    job: str = ""               # the training job it runs (shown, never acted on)
+    mode_evidence: str = ""     # why it runs in `mode` (the agent's Execution Mode Identifier)
 
 
 def _ident(value: str, name: str) -> str:
@@ -102,7 +105,8 @@ def check_register(msg: lease_pb2.Register, known_sites: set[str], secret: str |
         raise BadRequest(f"register.mode: expected one of {MODES[1:]}, got {msg.mode!r}")
     caps = tuple(_ident(c, "register.capabilities[]") for c in msg.capabilities)
     return Registration(site_id=site, agent_id=agent, kind=d.kind, sm_count=d.sm_count, granularity=d.granularity,
-                        capabilities=caps, mode=msg.mode)
+                        capabilities=caps, mode=msg.mode,
+                        job=msg.job[:MAX_SHOWN], mode_evidence=msg.mode_evidence[:MAX_SHOWN])
 
 
 def check_usage(u: lease_pb2.UsageReport) -> None:
