@@ -87,6 +87,8 @@ class UpConfig:
     host: str = "127.0.0.1"
     rest_port: int = 0
     agent_preset: str = "tiny"
+    agent_job: str = ""                       # every agent's --job ("" = the shipped char-GPT)
+    agent_job_args: tuple[str, ...] = ()      # and its --job-arg k=v values
     run_dir: Path | None = None
     # The guard covers what an agent may run beyond its lease (the RAN-first sum). The testbed's agents are
     # CPU stand-ins whose whole process CPU counts as SMs, host threads included (gRPC, cross-site rounds):
@@ -509,6 +511,8 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                     "--checkpoint-dir", str(run_dir / f"agent-{i}"), "--inspect-addr", f"{cfg.host}:0",
                     "--metrics-addr", f"{cfg.host}:0", "--mode", "gpu",  # train only under leases, never unleased
                     "--cores", str(cfg.agent_cores)]
+            if cfg.agent_job:
+                argv += ["--job", cfg.agent_job, *(a for kv in cfg.agent_job_args for a in ("--job-arg", kv))]
             cred = {"WEAVER_AGENT_TOKEN": site_credential(broker_secret, site_name(i))} if token_env else {}
             sup.start(f"agent:{i}", argv, env={**aenv, **cred})   # env, not argv: ps shows every argv
         for i in range(cfg.sites):
@@ -881,6 +885,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--period-ms", type=float, default=100.0)
     parser.add_argument("--port", type=int, default=0, help="xApp REST/dashboard port (default: any free)")
     parser.add_argument("--preset", default="tiny", help="agent model preset (tiny, small, medium)")
+    parser.add_argument("--job", default=None, help="every agent's training job, package.module:factory")
+    parser.add_argument("--job-arg", action="append", default=[], metavar="K=V", help="the job's arguments")
     parser.add_argument("--run-dir", default=None, help="logs, config and checkpoints (default: a temp dir)")
     parser.add_argument("--json", default=None, metavar="SUMMARY", help="write the run summary as JSON")
     parser.add_argument("--record", default=None, metavar="FILE",
@@ -902,6 +908,7 @@ def run(args) -> int:
     try:
         cfg = UpConfig(sites=args.sites, cells=args.cells, duration_s=args.duration, policy=args.policy,
                        seed=args.seed, period_ms=args.period_ms, rest_port=args.port, agent_preset=args.preset,
+                       agent_job=args.job or "", agent_job_args=tuple(args.job_arg),
                        run_dir=Path(args.run_dir) if args.run_dir else None,
                        cross_site=not args.no_cross_site, round_ms=args.round_ms,
                        faults=parse_faults(args.fault, args.fault_at), fault_at_s=args.fault_at,
