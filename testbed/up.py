@@ -63,6 +63,7 @@ from testbed.faults import (
 from testbed.groundtruth import AgentTruth, CpuTrace, rate_before
 from testbed.model import CellConfig, Scenario, SiteConfig
 from testbed.procs import ChildFailed, Supervisor
+from xapp import waterfall
 from xapp.inputs import POLICY_INPUTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -198,6 +199,11 @@ class SiteTally:
     spare_sm_s: float = 0.0
     usable_spare_sm_s: float = 0.0
     training_sm_s: float = 0.0
+    # the waterfall's platform terms (xapp.waterfall.combine): SMs above each period's RAN peak, the guard's
+    # share of them, and what the agent executed inside the lease it held (ground truth, never its report)
+    spare_above_peak_sm_s: float = 0.0
+    guard_sm_s: float = 0.0
+    used_in_lease_sm_s: float = 0.0
     misses: int = 0
     misses_training: int = 0          # against what the agent executed (ground truth)
     misses_training_reported: int = 0  # against the lease the agent reported holding (for comparison)
@@ -224,6 +230,7 @@ class World:
         self.log_dir: Path | None = None      # the run's logs (the xApp's, for its revoke instants)
         self.end_revoke: dict | None = None   # the xApp's SIGTERM at the end of a traced run (`end_revoke`)
         self.last_misses_training = np.zeros(n, dtype=int)
+        self.xapp_waterfall: list = [None, None]   # GET /api/v1/waterfall at the first period and at the end
 
     def account(self, report, reported_lease_sms=None) -> None:
         """One period's tally. `report.training_sms` is what the model was charged (the measured executed
@@ -236,7 +243,9 @@ class World:
         peak = demand.max(axis=0)
         # usable spare over this lease span: SMs above the period's RAN peak plus the guard band, in
         # partition steps (green contexts: reconfiguration in microseconds, so no latency deduction here)
-        usable = np.floor(np.maximum(self.gpu - peak - self.cfg.guard_sms, 0) / self.gran) * self.gran
+        above = np.maximum(self.gpu - peak, 0)
+        usable = np.floor(np.maximum(above - self.cfg.guard_sms, 0) / self.gran) * self.gran
+        inside = np.minimum(training, reported)   # executed within the lease it held (the model's charge)
         over = demand > (self.gpu - training)
         attributable = over & (demand <= self.gpu)  # would not have missed without the training
         attributable_reported = (demand > (self.gpu - reported)) & (demand <= self.gpu)
@@ -247,6 +256,9 @@ class World:
             t.ran_sm_s += float(demand[:, i].sum() * slot_s)
             t.spare_sm_s += float(np.maximum(self.gpu[i] - demand[:, i], 0).sum() * slot_s)
             t.usable_spare_sm_s += float(usable[i] * period_s)
+            t.spare_above_peak_sm_s += float(above[i] * period_s)
+            t.guard_sm_s += float(min(above[i], self.cfg.guard_sms) * period_s)
+            t.used_in_lease_sm_s += float(inside[i] * period_s)
             t.training_sm_s += float(reported[i] * period_s)
             t.misses += int(over[:, i].sum())
             t.misses_training += int(attributable[:, i].sum())
@@ -412,11 +424,21 @@ def _fmt_line(elapsed: float, duration: float | None, world: World, agents: list
     prog = f"{elapsed:5.0f}s" + (f"/{duration:.0f}s" if duration else "")
     leases = " ".join(f"{a.last.get('lease_sms', 0):>3}" for a in agents)
     executed = sum(tr.executed_sm_s for tr in world.truths)
+    held = sum(x.training_sm_s for x in t)
+    inside = sum(x.used_in_lease_sm_s for x in t)
+    pct = (lambda v: f"{v / usable:.0%}") if usable > 0 else (lambda v: "-")
     return (f"[{prog}] usable spare {usable:7.1f} SM·s  granted {granted:7.1f}  used {used:7.1f}  "
-            f"executed {executed:7.1f}  "
+            f"executed {executed:7.1f}  waterfall {pct(usable)}>{pct(granted)}>{pct(held)}>{pct(inside)}  "
             f"leases [{leases}]  misses {sum(x.misses for x in t)} (training {sum(x.misses_training for x in t)})  "
             f"tokens/s {tps:7.0f}  loss {np.mean(losses) if losses else float('nan'):.3f}"
             + (f"  rounds {rounds.committed_rounds()}" if rounds is not None else ""))
+
+
+async def _xapp_waterfall(rest: str) -> dict | None:
+    try:
+        return await _get_json(f"{rest}/api/v1/waterfall")
+    except Exception:  # an xApp that does not answer: the summary says the waterfall is unknown (None)
+        return None
 
 
 @dataclass
@@ -557,6 +579,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         if cfg.record_series or any(isinstance(f, RevokeMidPeriod) for f in cfg.faults):
             world.cpu_trace = CpuTrace({i: tr.pid for i, tr in enumerate(truths)})
             world.cpu_trace.start()
+        world.xapp_waterfall[0] = await _xapp_waterfall(rest)   # the run's share starts here
         t0 = loop.time()
         probing = cfg.idle_probe_s > 0
         if probing:
@@ -657,6 +680,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             xsites = {s["site_id"]: s for s in (await _get_json(f"{rest}/api/v1/sites"))["sites"]}
         except Exception as exc:
             out(f"weaver up: could not read the xApp's final state: {exc}")
+        world.xapp_waterfall[1] = await _xapp_waterfall(rest)
         if world.xapp_views is not None:
             await world.xapp_views.snapshot([site_name(i) for i in range(cfg.sites)])
         if rounds is not None:
@@ -764,6 +788,26 @@ def policy_inputs_summary(p: dict | None) -> dict:
             "periods": dict(p.get("periods") or {})}
 
 
+def site_waterfall(world: World, i: int) -> dict | None:
+    """Site i's waterfall: the platform's usable and used (ground truth) with the xApp's and the agent's
+    causes over this run (the xApp's ledgers at the end less those at the first period); None when the
+    xApp's were not read."""
+    start, end = world.xapp_waterfall
+    sid = site_name(i)
+    if not end or sid not in end.get("sites", {}):
+        return None
+    e = end["sites"][sid]["xapp"]
+    s = (start or {}).get("sites", {}).get(sid, {}).get("xapp", {})
+    t = world.tally[i]
+    out = waterfall.combine(spare_above_peak_sm_s=t.spare_above_peak_sm_s, guard_sm_s=t.guard_sm_s,
+                             usable_sm_s=t.usable_spare_sm_s, used_sm_s=t.used_in_lease_sm_s,
+                             ledger=waterfall.subtract(e["ledger"], s.get("ledger", {})),
+                             usage=waterfall.subtract(e["usage"], s.get("usage", {})))
+    out["platform_meter"] = {"periods": t.periods, "peak_sm_s": float(world.gpu[i]) * t.periods * world.sim.period_s
+                             - t.spare_above_peak_sm_s}
+    return out
+
+
 def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: dict, elapsed: float,
                   rounds: RoundsSeen | None = None, lighthouse: str = "") -> dict:
     sites = {}
@@ -803,6 +847,8 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
             "final_envelope_sms": x.get("envelope_sms"),
             "final_grant_sms": x.get("grant_sms"),
             "policy_inputs": policy_inputs_summary(x.get("policy_inputs")),
+            "sm_seconds_used_in_lease": t.used_in_lease_sm_s,   # ground truth: executed within the held lease
+            "waterfall": site_waterfall(world, i),
         }
         if rounds is not None:
             sites[site_name(i)]["cross_site"] = rounds.site(site_name(i))
@@ -819,6 +865,9 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
     ends = [s["val_loss_end"] for s in sites.values() if s["val_loss_end"] is not None and not math.isnan(s["val_loss_end"])]
     totals["val_loss_start"] = float(np.mean(starts)) if starts else math.nan
     totals["val_loss_end"] = float(np.mean(ends)) if ends else math.nan
+    totals["sm_seconds_used_in_lease"] = sum(s["sm_seconds_used_in_lease"] for s in sites.values())
+    wfs = {k: s["waterfall"] for k, s in sites.items() if s["waterfall"] is not None}
+    totals["waterfall"] = waterfall.total(wfs) if len(wfs) == len(sites) else None
     totals["tokens_per_s"] = totals["tokens_trained"] / elapsed if elapsed > 0 else 0.0
     cross = {"enabled": False}
     if rounds is not None:
@@ -864,6 +913,17 @@ GROUND_TRUTH_NOTE = (
     "never subtracted; its start-up (model build, warm-up) before it connects precedes the world's first period "
     "and is reported as ground_truth.startup_cpu_s. sm_seconds_held_by_agent is the lease the agent reported holding; sm_ms_beyond_lease "
     "is, per period, executed minus that lease when positive (max over periods and total).")
+
+
+def waterfall_line(wf: dict, top: int = 3) -> str:
+    """The run's waterfall in one line: the stages, and each leg's largest causes."""
+    st = wf["stages_sm_s"]
+    parts = ["weaver up: waterfall " + " > ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in st.items()) + " SM·s"]
+    for leg in wf["legs"]:
+        big = sorted(leg["causes_sm_s"].items(), key=lambda kv: -abs(kv[1]))[:top]
+        parts.append(f"{leg['from']}>{leg['to']} -{leg['lost_sm_s']:.0f}: "
+                     + ", ".join(f"{c} {v:.0f}" for c, v in big))
+    return "; ".join(parts)
 
 
 def _json_safe(o):
@@ -929,6 +989,9 @@ def run(args) -> int:
               f"misses {t['deadline_misses']} "
               f"(training {t['deadline_misses_attributable_to_training']}), tokens {t['tokens_trained']}, "
               f"val loss {t['val_loss_start']:.3f} -> {t['val_loss_end']:.3f}", flush=True)
+        wf = t.get("waterfall")
+        if wf:
+            print(waterfall_line(wf), flush=True)
         xs = summary["cross_site"]
         if xs["enabled"]:
             print(f"weaver up: cross-site {xs['rounds_committed']} rounds committed, {xs['committed_tokens']} tokens, "

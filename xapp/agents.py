@@ -26,6 +26,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from schemas.proto.weaver.v1 import lease_pb2
+from xapp.waterfall import AGENT_FIELDS, UsageTotals
 
 MODES = ("", "cpu", "cpu_preferred", "gpu_preferred", "gpu")
 MAX_ID = 128
@@ -114,6 +115,10 @@ def check_usage(u: lease_pb2.UsageReport) -> None:
         v = getattr(u, name)
         if not math.isfinite(v) or v < 0:
             raise BadRequest(f"usage.{name}: expected a finite number >= 0, got {v}", reason="usage-invalid")
+    for name in AGENT_FIELDS:   # the waterfall's terms (signed: host starvation and the closing term may be < 0)
+        v = getattr(u, name)
+        if not math.isfinite(v):
+            raise BadRequest(f"usage.{name}: expected a finite number, got {v}", reason="usage-invalid")
     if not u.lease_id or len(u.lease_id) > MAX_ID:
         raise BadRequest("usage.lease_id: required, at most 128 characters", reason="usage-invalid")
 
@@ -192,6 +197,7 @@ class AgentBook:
         self.leases: dict[str, LeaseIssued] = {}        # site -> current (last issued) lease
         self.seq: dict[str, int] = {}
         self.used_sm_ms: dict[str, float] = {}          # site -> SM·ms the agents reported using, this run
+        self.usage_totals: dict[str, UsageTotals] = {}  # site -> the held -> used waterfall (xapp.waterfall)
         self._sessions = 0
 
     @property
@@ -305,8 +311,8 @@ class AgentBook:
         # the lease's SMs and at most the device (agent.site_agent.partition_units).
         units = min(lease.sm_count, a.reg.sm_count)
         bound = units * lease.period_ms * (1.0 + USAGE_TOLERANCE)
-        for name in ("sm_ms_used", "sm_ms_granted"):
-            v = getattr(u, name)
+        for name in ("sm_ms_used", "sm_ms_granted", *AGENT_FIELDS):
+            v = abs(getattr(u, name))
             if v > bound:
                 raise UsageRefused(f"usage.{name}: {v:g} exceeds what lease {u.lease_id[:64]!r} allows "
                                    f"({units} x {lease.period_ms} ms x {1 + USAGE_TOLERANCE:g} = {bound:g})",
@@ -333,4 +339,5 @@ class AgentBook:
         a.usage.append(sample)
         a.reports += 1
         self.used_sm_ms[site_id] = self.used_sm_ms.get(site_id, 0.0) + sample.site_sm_ms_used
+        self.usage_totals.setdefault(site_id, UsageTotals()).add(u, scale)
         return True

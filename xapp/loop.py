@@ -52,6 +52,7 @@ from xapp.ingest import KpmRefusal, KpmSample, meas_key
 from xapp.inputs import NO_INPUTS, PolicyInputs, policy_inputs
 from xapp.invariant import SiteSafety
 from xapp.policy import CellCap, QuotaCost, SiteHistory, SiteObservation, make_policy
+from xapp.waterfall import GrantLedger
 
 FAILSAFE_PERIODS = 10
 MISS_HOLDOFF_PERIODS = 50      # a reported deadline miss: no grant for 5 s at 100 ms periods
@@ -196,6 +197,7 @@ class SiteRuntime:
     site_errors: int = 0                 # steps in which this site's part raised (revoked: site-error)
     inputs: PolicyInputs = NO_INPUTS     # what the latest decision's policy inputs rest on (xapp.inputs)
     input_periods: dict = field(default_factory=dict)   # basis -> periods decided on it (measured | estimated)
+    waterfall: GrantLedger = field(default_factory=GrantLedger)   # usable -> granted, by cause (xapp.waterfall)
 
     @property
     def acked_envelope(self) -> int | None:
@@ -219,6 +221,9 @@ class LoopState:
     started: float = 0.0
     grant_not_before: float = -math.inf     # a restarted xApp waits out the previous epoch's leases
     control_leader: bool = True             # False: another instance holds the SDL leader lease
+    # The controls the latest step settled, in order, with how: "ack", "failure <cause>" or "timeout" (the
+    # shell counts them from here instead of matching the replies a second time).
+    settled: list = field(default_factory=list)
 
 
 def policy_for(cfg: XappConfig, mode: str):
@@ -277,14 +282,9 @@ def stale_limit(state: LoopState) -> float:
     return state.cfg.stale_periods * state.cfg.period_s
 
 
-def fresh(state: LoopState, rt: SiteRuntime, now: float, lost: frozenset[str] = frozenset()) -> bool:
-    """Every node of the site connected, its latest frame valid and its latest sample recent: the one
-    rule a grant's freshness rests on."""
-    return not_fresh_reason(state, rt, now, lost) == ""
-
-
 def not_fresh_reason(state: LoopState, rt: SiteRuntime, now: float, lost: frozenset[str] = frozenset()) -> str:
-    """"" when fresh, else why not: lost-node | refused-kpm | stale-kpm."""
+    """"" when fresh (every node of the site connected, its latest frame valid and its latest sample
+    recent: the one rule a grant's freshness rests on), else why not: lost-node | refused-kpm | stale-kpm."""
     limit = stale_limit(state)
     why = ""
     for m in rt.cfg.nodes:
@@ -475,6 +475,7 @@ def _results(state: LoopState, results: tuple[ControlOutcome, ...], now: float, 
                 or (only is not None and p.control.site_id != only):
             continue
         _pop_pending(state, cid)
+        state.settled.append((p.control, "ack" if r.ok else f"failure {r.cause}"))
         rt = state.sites[p.control.site_id]
         try:
             _result_one(state, rt, p, r, now, actions)
@@ -505,6 +506,7 @@ def _timeouts(state: LoopState, now: float, actions: list, only: str | None) -> 
     for cid, p in list(state.pending.items()):
         if now - p.sent >= timeout and (only is None or p.control.site_id == only):
             _pop_pending(state, cid)
+            state.settled.append((p.control, "timeout"))
             if p.control.instance is not None:
                 # its instance ID is shared: a late reply would pass for the next control's, so the
                 # node takes none until that reply is in (or is given up on)
@@ -534,9 +536,12 @@ def _between_ticks(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs
             rt.safety.node_unknown(m, "lost-node")
     if rt.grant_sms > 0:
         why = not_fresh_reason(state, rt, now, inputs.lost_nodes)
+        gone = not why and rt.cfg.site_id not in inputs.agents
+        if why or gone:   # the rest of the granted period is not held (xapp.waterfall)
+            rt.waterfall.revoked_mid_period(why or "agent-disconnected", rt.grant_sms, state.next_tick - now)
         if why:
             _revoke(state, rt, now, why, actions)
-        elif rt.cfg.site_id not in inputs.agents:
+        elif gone:
             rt.grant_sms = 0      # the broker already dropped the lease with the stream
     if rt.deferred_envelope is not None and state.control_leader:
         _send_envelopes(state, rt, now, rt.deferred_envelope, actions)
@@ -544,6 +549,7 @@ def _between_ticks(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs
 
 def step(state: LoopState, now: float, inputs: Inputs) -> tuple[LoopState, list[Action]]:
     actions: list[Action] = []
+    state.settled = []
     _ingest(state, inputs.samples, now, actions)
     _releases(state, inputs.releases)
     _results(state, inputs.results, now, actions)
@@ -551,8 +557,10 @@ def step(state: LoopState, now: float, inputs: Inputs) -> tuple[LoopState, list[
         _isolated(state, rt, now, "fail-safe", _between_ticks, inputs, actions)
     if now >= state.next_tick - TICK_SLACK:
         period = state.cfg.period_s
-        state.next_tick += period * max(1, math.floor((now + TICK_SLACK - state.next_tick) / period) + 1)
+        ticks = max(1, math.floor((now + TICK_SLACK - state.next_tick) / period) + 1)
+        state.next_tick += period * ticks
         for rt in state.sites.values():
+            rt.waterfall.carried(ticks - 1, period)    # ticks passed late, without a decision
             _isolated(state, rt, now, "decide", _decide, inputs, actions)
     return state, actions
 
@@ -592,6 +600,7 @@ def step_site(state: LoopState, site_id: str, now: float, samples: tuple[KpmSamp
     """One site's period decision on its own (a shell that ticks sites as their KPM arrives; the bench).
     The same rules as `step`, restricted to `site_id`."""
     actions: list[Action] = []
+    state.settled = []
     inputs = Inputs(samples=samples, results=results, agents=agents, releases=releases)
     _ingest(state, samples, now, actions, only=site_id)
     _releases(state, tuple(r for r in releases if r.site_id == site_id))
@@ -673,6 +682,7 @@ def _decide(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs, actio
         _revoke(state, rt, now, reason, actions)
         if is_fresh and state.control_leader:
             _lift(state, rt, now, actions)
+        _account(state, rt, est, grant=0, reason=reason)
         _view(rt, now, rt.acked_envelope or site.gpu_sms, 0, est, is_fresh, reason)
         return
     obs = _observation(state, rt, est, now)
@@ -684,10 +694,12 @@ def _decide(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs, actio
     training = site.site_id in inputs.agents and now >= state.grant_not_before
     if rt.lifted:
         if not (training and wanted > 0):
+            _account(state, rt, est, grant=0, reason="lifted")
             _view(rt, now, site.gpu_sms, 0, est, True, "lifted: no training to shape for")
             return
         rt.lifted, rt.idle_since = False, now        # training is back: shape again (tightening is safe)
     elif _lift(state, rt, now, actions):
+        _account(state, rt, est, grant=0, reason="lifted")
         _view(rt, now, site.gpu_sms, 0, est, True, "lifted: no lease for a while")
         return
     _actuate(state, rt, now, decision.envelope_sms, _node_quotas(rt, decision.caps, state.cfg.actuation.min_ratio),
@@ -696,9 +708,12 @@ def _decide(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs, actio
     # forecast the policy sized; enforcing nodes by what they may be applying (acknowledged, or the
     # looser side of a control in flight), so a grant grows only on an acknowledged tighter envelope.
     rt.safety.set_forecast(envelope, est.peak)       # never below the peak measured this period
-    grant = min(wanted, rt.safety.grant_ceiling(now))
+    ceiling = rt.safety.grant_ceiling(now)
+    grant = min(wanted, ceiling)
+    capped = None
     if "quota" in {nc.mode for nc in rt.nodes.values()} and site.site_id in state.busy_sites:
-        grant = min(grant, rt.grant_sms)      # quota-mode grants do not grow while new caps are in flight
+        capped = rt.grant_sms
+        grant = min(grant, capped)            # quota-mode grants do not grow while new caps are in flight
     if not training:
         grant = 0
     if grant > 0:
@@ -709,8 +724,18 @@ def _decide(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs, actio
     elif rt.grant_sms > 0:
         actions.append(RevokeLease(site_id=site.site_id, reason="grant-zero"))
     rt.grant_sms = grant
+    _account(state, rt, est, grant=grant, wanted_env=decision.wanted_sms if getattr(rt.policy, "name", "") == "weaver" else None,
+             wanted=wanted, ceiling=ceiling, capped=capped, training=site.site_id in inputs.agents,
+             epoch_wait=now < state.grant_not_before)
     why = decision.reason if now >= state.grant_not_before else "waiting out the previous epoch's leases"
     _view(rt, now, envelope, grant, est, True, why)
+
+
+def _account(state: LoopState, rt: SiteRuntime, est: DemandEstimate, **decision) -> None:
+    """The decision's share of the utilisation waterfall (xapp.waterfall.GrantLedger.decided)."""
+    s = rt.cfg
+    rt.waterfall.decided(period_s=state.cfg.period_s, gpu=s.gpu_sms, guard=rt.safety.guard_sms,
+                         granularity=s.granularity, peak=est.peak, **decision)
 
 
 def _view(rt: SiteRuntime, now: float, envelope: int, grant: int, est: DemandEstimate, is_fresh: bool,

@@ -38,6 +38,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from xapp import lograte
+from xapp.waterfall import UsageTotals, xapp_view
 
 if TYPE_CHECKING:
     from xapp.app import XappApp
@@ -366,3 +367,22 @@ def _misses(x, sid, rt):
 @site_gauge("weaver_site_safety_slack_sms", "SMs between the RAN-first bound and the site's GPU (xapp.invariant).")
 def _slack(x, sid, rt):
     return rt.safety.slack(x.now())
+
+
+def _waterfall_of(x, sid, rt) -> dict:
+    usage = x.broker.book.usage_totals.get(sid) if x.broker else None
+    return xapp_view(rt.waterfall, usage or UsageTotals())
+
+
+@site_gauge("weaver_site_waterfall_sm_seconds", "Utilisation waterfall stages since start, SM·s, on the xApp's "
+            "meters: usable spare, granted, held (the agent's windows), used (its reports) (xapp.waterfall).",
+            label="stage")
+def _waterfall_stages(x, sid, rt):
+    return _waterfall_of(x, sid, rt)["stages_sm_s"]
+
+
+@site_gauge("weaver_site_waterfall_lost_sm_seconds", "SM·s lost between two waterfall stages since start, by "
+            "cause; the label is '<from>-<to>/<cause>' (xapp.waterfall).", label="cause")
+def _waterfall_lost(x, sid, rt):
+    return {f"{leg['from']}-{leg['to']}/{c}": v for leg in _waterfall_of(x, sid, rt)["legs"]
+            for c, v in leg["causes_sm_s"].items()}

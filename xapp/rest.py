@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from xapp import waterfall
 from xapp.aggregates import AnnouncementBook, AnnouncementError, parse_announcement
 from xapp.config import ConfigError, XappConfig
 from xapp.restguard import MAX_DEPTH, ConnectionGuard, JsonErrorHandler, parse_json
@@ -248,6 +249,23 @@ async def rounds(request):
     return web.json_response({"rounds": out})
 
 
+def waterfall_view(x: XappApp) -> dict:
+    """Per site and in total: usable spare -> granted -> held -> used, each leg's causes (xapp.waterfall),
+    on the xApp's own meters; `xapp` carries the raw ledgers a platform combines with its ground truth."""
+    book = x.broker.book if x.broker else None
+    out = {}
+    for sid, rt in x.state.sites.items():
+        usage = book.usage_totals.get(sid) if book else None
+        usage = usage or waterfall.UsageTotals()
+        out[sid] = {**waterfall.xapp_view(rt.waterfall, usage),
+                    "xapp": {"ledger": rt.waterfall.as_dict(), "usage": usage.as_dict()}}
+    return {"sites": out, "total": waterfall.total(out)}
+
+
+async def get_waterfall(request):
+    return web.json_response(waterfall_view(_x(request)))
+
+
 async def metrics(request):
     """The xApp's registry (xapp.metrics) in the format the scraper asks for, by prometheus_client."""
     m = _x(request).metrics
@@ -296,6 +314,8 @@ def openapi_spec() -> dict:
                            {"201": {"description": "stored"}, "200": {"description": "replaced"},
                             "400": {"description": "invalid (the message names the field)"},
                             "413": {"description": "body too large"}})},
+            "/api/v1/waterfall": {"get": op("utilisation waterfall per site and in total: usable spare -> granted "
+                                            "-> held -> used (SM·s), every leg's loss by cause (xapp.waterfall)")},
             "/api/v1/rounds": {"get": op("cross-site round reports per site (committed, tokens, bytes, wait)")},
             "/metrics": {"get": op("Prometheus metrics")},
             "/ric/v1/metrics": {"get": op("Prometheus metrics (the same as /metrics)")},
@@ -373,6 +393,7 @@ def build_app(x: XappApp) -> web.Application:
     r.add_get("/api/v1/transfers/aggregates", aggregate_transfers)
     r.add_post("/api/v1/transfers/aggregates", announce_aggregate)
     r.add_get("/api/v1/rounds", rounds)
+    r.add_get("/api/v1/waterfall", get_waterfall)
     r.add_get("/metrics", metrics)
     r.add_get("/ric/v1/metrics", metrics)      # the Go xapp-frame's path; prometheus.io/path in the descriptor
     r.add_get("/openapi.json", openapi)
