@@ -81,6 +81,7 @@ class LeaseBroker:
         self.rejected = 0                     # streams aborted for a bad request
         self.refused_registrations: dict[str, int] = {}   # reason -> count
         self.refused_usage: dict[str, int] = {}           # reason -> count
+        self.revoked: dict[str, int] = {}                 # reason -> leases this broker ended (xapp.metrics)
         self.server: grpc.aio.Server | None = None
         self.port = 0
 
@@ -153,6 +154,7 @@ class LeaseBroker:
             # A revoke is never dropped: the agent treats a closed stream as a revoke of everything.
             self._drop(s, "revoke could not be queued (agent not reading its stream)")
         if issued is not None:
+            self.revoked[reason.split(":")[0]] = self.revoked.get(reason.split(":")[0], 0) + 1
             self.events.append((self.wall(), site_id, "revoke", reason))
             if self.on_lease:
                 self.on_lease(issued, "revoked")
@@ -168,7 +170,8 @@ class LeaseBroker:
 
     def _drop(self, s: _Session, why: str) -> None:
         log.warning("site %s: closing agent stream (%s)", s.site_id, why)
-        self.book.revoke(s.site_id, self.wall())
+        if self.book.revoke(s.site_id, self.wall()) is not None:
+            self.revoked["stream-closed"] = self.revoked.get("stream-closed", 0) + 1
         self.sessions.pop(s.site_id, None)
         self.book.disconnect(s.site_id, s.session)
         s.close()
@@ -245,6 +248,7 @@ class LeaseBroker:
             if self.sessions.get(reg.site_id) is sess:
                 del self.sessions[reg.site_id]
                 if self.book.revoke(reg.site_id) is not None:
+                    self.revoked["agent-disconnected"] = self.revoked.get("agent-disconnected", 0) + 1
                     self.events.append((self.wall(), reg.site_id, "revoke", "agent-disconnected"))
             self.book.disconnect(reg.site_id, sid)
             self.events.append((self.wall(), reg.site_id, "agent-disconnected", reg.agent_id))

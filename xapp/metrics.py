@@ -227,6 +227,14 @@ def _revocations(x, rest):
     return sorted(x.counters.revocations.items())
 
 
+@collected("weaver_broker_revocations_total", "counter",
+           "Leases the broker ended, by reason, on every path: the loop's revocations, shutdown, a replaced, "
+           "closed or disconnected agent stream (weaver_lease_revocations_total counts the xApp's decisions).",
+           ("reason",))
+def _broker_revocations(x, rest):
+    return sorted((x.broker.revoked if x.broker else {}).items())
+
+
 @collected("weaver_rmr_dropped_total", "counter", "RMR frames and connections refused, by reason.", ("reason",))
 def _rmr_dropped(x, rest):
     c = x.counters

@@ -178,6 +178,8 @@ async def _run(tmp: Path, redis: dict, agent_python: Path) -> None:
         assert _count(af, "weaver_agent_yield_seconds", site="site-0", cause="revoked") > 0
         revoked = {s.labels["reason"]: s.value for s in xf["weaver_lease_revocations"].samples}
         assert revoked.get("stale-kpm", 0) >= 1, revoked
+        ended = {s.labels["reason"]: s.value for s in xf["weaver_broker_revocations"].samples}
+        assert ended.get("stale-kpm", 0) >= 1, ended                  # the agent's lease, ended by the broker
         assert (await _scrape(x.rest + "/metrics")).count("# TYPE") == xapp_text.count("# TYPE")
         missing = dashboard_metrics() - _names(xf) - _names(af)
         assert not missing, f"the dashboard queries metrics neither process exposes: {sorted(missing)}"
