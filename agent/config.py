@@ -117,7 +117,7 @@ class AgentConfig:
     modes: ModeConfig = field(default_factory=ModeConfig)
     job: JobSpec = field(default_factory=JobSpec)   # what to train ("" target = the shipped char-GPT)
     device: str = "auto"          # auto | cpu | cuda
-    cores: int = 0                # CPU cores offered to leases; 0 = os.cpu_count()
+    cores: float = 0              # CPU cores offered to leases (may be fractional); 0 = os.cpu_count()
     checkpoint_dir: str = "checkpoints"
     inspect_addr: str = "127.0.0.1:50061"  # AgentInspect gRPC server (localhost only; port 0 = any)
     metrics_addr: str = "127.0.0.1:9466"   # Prometheus /metrics over HTTP; "" = off

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import math
 import os
 import platform
 from dataclasses import dataclass
@@ -24,18 +25,30 @@ class DeviceFacts:
     sm_count: int           # SMs on a GPU; cores on a CPU
     granularity: int        # partition step: 8 SMs with green contexts, 1 core on CPU
     green_contexts: bool
+    # CPU stand-in: the cores the whole site GPU stands for when that is less than sm_count (a host shared
+    # by several agents gives each a share of a core); 0 = sm_count
+    cores: float = 0.0
+
+    @property
+    def core_share(self) -> float:
+        """The share of its `sm_count` threads' time the device stands for (1 unless fractional cores)."""
+        return self.cores / self.sm_count if self.kind == "cpu" and 0 < self.cores < self.sm_count else 1.0
 
     def to_proto(self):
         from schemas.proto.weaver.v1 import lease_pb2
         return lease_pb2.DeviceFacts(kind=self.kind, name=self.name, sm_count=self.sm_count,
-                                     granularity=self.granularity, green_contexts=self.green_contexts)
+                                     granularity=self.granularity, green_contexts=self.green_contexts,
+                                     cores=self.cores if self.core_share < 1.0 else 0.0)
 
 
-def cpu_facts(cores: int = 0) -> DeviceFacts:
+def cpu_facts(cores: float = 0) -> DeviceFacts:
+    """`cores` may be fractional (0.5: the site GPU stands for half a core, run on one thread)."""
+    if cores < 0 or not math.isfinite(cores):
+        raise ValueError(f"cores must be >= 0, got {cores}")
     if not cores:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    n = cores
-    return DeviceFacts("cpu", platform.machine() or "cpu", int(n), 1, False)
+    n = max(1, math.ceil(cores - 1e-9))
+    return DeviceFacts("cpu", platform.machine() or "cpu", n, 1, False, cores=float(cores) if cores < n else 0.0)
 
 
 def green_contexts_supported() -> bool:
@@ -43,7 +56,7 @@ def green_contexts_supported() -> bool:
     return green_supported()
 
 
-def detect_device(kind: str = "auto", cores: int = 0) -> DeviceFacts:
+def detect_device(kind: str = "auto", cores: float = 0) -> DeviceFacts:
     """kind: auto | cpu | cuda. `cuda` without a usable GPU is an error; `auto` falls back to CPU."""
     if kind not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be auto, cpu or cuda, got {kind!r}")

@@ -480,6 +480,9 @@ class SiteAgent:
         """The broker's duty is the lease's share of the whole device (sm_count / device units). Work
         confined to a partition of P units may be busy for duty x device / P of each period, so the
         granted unit-time is the same whichever way the share is enforced (space or time)."""
+        if self.device.core_share < 1.0 and t.sm_count > 0:
+            # a fractional CPU stand-in: the whole GPU is a share of its thread's time
+            return replace(t, duty=t.duty * self.device.core_share)
         units = self.partition_units(t.sm_count)
         if t.sm_count == 0 or units == 0 or units >= self.device.sm_count:
             return t

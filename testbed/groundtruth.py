@@ -212,7 +212,7 @@ class AgentTruth:
     site: int
     pid: int
     gpu_sms: float
-    cores: int = 1
+    cores: float = 1.0
     sampler: ProcCpuSampler = field(init=False)
     idle: IdleBaseline = field(default_factory=IdleBaseline)
     executed_sm_s: float = 0.0

@@ -73,6 +73,7 @@ class Registration:
     mode: str
     job: str = ""               # the training job it runs (shown, never acted on)
     mode_evidence: str = ""     # why it runs in `mode` (the agent's Execution Mode Identifier)
+    cores: float = 0.0          # a CPU stand-in's fractional cores (0 = sm_count)
 
 
 def _ident(value: str, name: str) -> str:
@@ -102,11 +103,13 @@ def check_register(msg: lease_pb2.Register, known_sites: set[str], secret: str |
         raise BadRequest(f"register.device.sm_count: expected 1..4096, got {d.sm_count}")
     if not 0 < d.granularity <= d.sm_count:
         raise BadRequest(f"register.device.granularity: expected 1..sm_count, got {d.granularity}")
+    if d.cores and not (d.kind == "cpu" and 0.01 <= d.cores <= d.sm_count):
+        raise BadRequest(f"register.device.cores: expected 0 or 0.01..sm_count on a cpu device, got {d.cores}")
     if msg.mode not in MODES:
         raise BadRequest(f"register.mode: expected one of {MODES[1:]}, got {msg.mode!r}")
     caps = tuple(_ident(c, "register.capabilities[]") for c in msg.capabilities)
     return Registration(site_id=site, agent_id=agent, kind=d.kind, sm_count=d.sm_count, granularity=d.granularity,
-                        capabilities=caps, mode=msg.mode,
+                        capabilities=caps, mode=msg.mode, cores=d.cores,
                         job=msg.job[:MAX_SHOWN], mode_evidence=msg.mode_evidence[:MAX_SHOWN])
 
 
@@ -332,8 +335,9 @@ class AgentBook:
         # A CPU agent (testbed, CI) stands in for the site GPU: its duty cycle over all its cores maps to the
         # lease's share of the GPU, so its core·ms convert to site SM·ms at gpu_sms / cores.
         scale = 1.0
-        if a.reg.kind == "cpu" and a.reg.sm_count > 0 and gpu_sms > 0:
-            scale = gpu_sms / a.reg.sm_count
+        cores = a.reg.cores if 0 < a.reg.cores < a.reg.sm_count else a.reg.sm_count   # fractional stand-in
+        if a.reg.kind == "cpu" and cores > 0 and gpu_sms > 0:
+            scale = gpu_sms / cores
         sample = UsageSample(now, u.sm_ms_used, u.sm_ms_granted, u.overrun_ms, u.steps, u.tokens, u.loss, u.mode,
                              u.window_ms, u.val_loss, u.device, u.mode_reason, scale)
         a.usage.append(sample)

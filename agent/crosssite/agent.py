@@ -25,7 +25,7 @@ from collections import deque
 import torch
 
 from agent.crosssite.rounds import LocalWork, flatten
-from agent.crosssite.tier import CrossSiteTier, RoundRecord, TierConfig, lease_stream_callbacks
+from agent.crosssite.tier import CrossSiteTier, RoundRecord, TierConfig, lease_stream_callbacks, preload
 from agent.site_agent import SiteAgent
 
 log = logging.getLogger("weaver.agent.crosssite")
@@ -64,6 +64,7 @@ class _Join:
 class CrossSiteAgent(SiteAgent):
     def __init__(self, config, **kw):
         super().__init__(config, **kw)
+        preload()                               # before the agent connects, not in its first leases
         self.tier: CrossSiteTier | None = None
         self.tier_config: TierConfig | None = None
         self.rounds: deque[RoundRecord] = deque(maxlen=256)

@@ -205,6 +205,14 @@ class _Exchange:
     error: BaseException | None = None
 
 
+def preload() -> None:
+    """Import torchft now. Its first import costs ~0.13 s of CPU (more than a whole lease period of a CPU
+    stand-in's budget); an agent pays it at start-up, before it connects, instead of on its joining thread
+    in the middle of its first leases, where on a CPU-only site it would be executed beyond them."""
+    import torchft.manager  # noqa: F401
+    import torchft.process_group  # noqa: F401
+
+
 class CrossSiteTier:
     """One site's membership in the cross-site tier (the Manager lives on the site leader only).
 
