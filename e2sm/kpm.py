@@ -27,6 +27,8 @@ KPM_OID_V3 = "1.3.6.1.4.1.53148.1.3.2.2"
 # v4.00 by the same pattern (version arc 4). Inferred, not read from the specification PDF: the published v4.00
 # ASN.1 module still carries the version3 arc in its own module OID, so that text cannot settle it.
 KPM_OID_V4 = "1.3.6.1.4.1.53148.1.4.2.2"
+# How a RAN function is recognised as E2SM-KPM (by OID prefix, e2-facts section 5): v2.0x, v3.00, v4.00
+KPM_OID_PREFIXES = ("1.3.6.1.4.1.53148.1.2.2", "1.3.6.1.4.1.53148.1.3.2", "1.3.6.1.4.1.53148.1.4.2")
 U32 = (1 << 32) - 1
 
 

@@ -1,7 +1,7 @@
 """E2 node discovery: the R-NIB in SDL namespace `e2Manager` (as e2mgr, and the testbed's mini-RIC, write
 it: `RAN:<inventory name>` -> NodebInfo protobuf with `gnb.ran_functions[]`, definitions as hex text),
 or the static list in config. Service models are matched by OID, never by short name or function ID
-(e2-facts §5): KPM `1.3.6.1.4.1.53148.1.2.2.*` / `.1.3.2.*`, RC `1.3.6.1.4.1.53148.1.1.2.3`.
+(e2-facts §5): KPM `1.3.6.1.4.1.53148.1.2.2.*` / `.1.3.2.*` / `.1.4.2.*` (v4.00), RC `1.3.6.1.4.1.53148.1.1.2.3`.
 """
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 from ricxappframe.entities.rnib import nb_identity_pb2, nodeb_info_pb2
 
+from e2sm import kpm
 from xapp.config import E2Config
 
 NAMESPACE = "e2Manager"
-KPM_OID_PREFIXES = ("1.3.6.1.4.1.53148.1.2.2", "1.3.6.1.4.1.53148.1.3.2")
+KPM_OID_PREFIXES = kpm.KPM_OID_PREFIXES  # v2.0x, v3.00 and v4.00
 RC_OID = "1.3.6.1.4.1.53148.1.1.2.3"
 
 

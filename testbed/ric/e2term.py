@@ -29,7 +29,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from e2sm import e2ap
+from e2sm import e2ap, kpm
 from e2sm.errors import E2DecodeError
 from xapp.rmr import RmrError, RmrMessage, RmrSendError, RmrState
 
@@ -60,7 +60,7 @@ log = logging.getLogger("weaver.ric.e2term")
 
 RIC_HEALTH_CHECK_REQ, RIC_HEALTH_CHECK_RESP = 100, 101
 
-KPM_OID_PREFIXES = ("1.3.6.1.4.1.53148.1.2.2", "1.3.6.1.4.1.53148.1.3.2")
+KPM_OID_PREFIXES = kpm.KPM_OID_PREFIXES
 RC_OID = "1.3.6.1.4.1.53148.1.1.2.3"
 MAX_XAPPS = 32   # xApps are learnt from the src of controls: any sender can name one
 IDENTITY_IN_USE = e2ap.Cause("protocol", "message-not-compatible-with-receiver-state")

@@ -10,7 +10,7 @@ import asyncio
 import ricxappframe.xapp_subscribe as subscribe
 from testbed_ric.tiny_xapp import TinyXapp  # tests/ is on sys.path (rootdir import mode)
 
-from e2sm import e2ap
+from e2sm import e2ap, kpm, rc
 from testbed.sim import SimConfig, Simulation
 from xapp.rmr import RmrMessage
 
@@ -35,6 +35,8 @@ def test_kpm_mon_and_simple_rc_xapp_through_the_mini_ric():
         try:
             meid = sim.nodes[0].meid
             assert meid == "gnbd_001_001_000001_1"
+            # e2mgr's R-NIB entry under that name holds the KPM v4.00 function (accepted in E2 setup) and RC
+            assert set(x.functions(sim.ric.sdl, meid)) == {kpm.KPM_OID_V4, rc.RC_OID}
             sub = subscribe.NewSubscriber(sim.ric.submgr_url)   # xAppBase: NewSubscriber(SUB_MGR_URI)
             endpoint = sub.SubscriptionParamsClientEndpoint("127.0.0.1", x.http_port, x.ep.port)
             for style in range(1, 6):

@@ -98,7 +98,8 @@ def test_oran_sc_ric_submgr_url_and_client_are_the_compose_addresses(sc):
     assert (url.scheme, url.hostname, url.port, url.path) == ("http", "10.0.2.13", 8088, "/ric/v1")
     assert c["submgr"]["client_host"] == "10.0.2.21"
     assert c["e2"]["discovery"] == "rnib"   # e2mgr writes the R-NIB into dbaas, as on OSC
-    assert all(re.fullmatch(r"gnb_\d{3}_\d{3}_[0-9a-f]{8}", n) for s in c["sites"] for n in s["nodes"])
+    # OSC's E2T names srsRAN's gNB-DU gnbd_<MCC>_<MNC>_<gNB ID>_<DU ID> (testbed/ric/names.py)
+    assert all(re.fullmatch(r"gnbd_\d{3}_\d{3}_[0-9a-f]{6,8}_[0-9a-f]+", n) for s in c["sites"] for n in s["nodes"])
 
 
 def test_routes_carry_every_mtype_the_xapp_sends_or_receives(osc, sc, router):
