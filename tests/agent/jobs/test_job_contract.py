@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from agent.cli import build_config, main, make_parser, starting_mode
+from agent.cli import build_config, format_status, main, make_parser, starting_mode
 from agent.config import TrainConfig
 from agent.job import JobContext, JobError, JobSpec, SLOs, coerce, load_job, parse_job_args, resolve_factory
 from agent.jobs.hf_causal_lm import HFCausalLMConfig
@@ -69,6 +69,9 @@ def test_the_job_and_the_mode_evidence_are_registered_and_in_status(broker, tmp_
         assert reg.mode_evidence == evidence
         st = agent.status()
         assert st.job == reg.job and st.mode_evidence == evidence
+        shown = format_status(st)                                  # what `weaver-agent status` prints
+        assert "job         agent.jobs.hf_causal_lm:make_job" in shown
+        assert "evidence    identified: cpu_preferred: imports peft" in shown
     finally:
         agent.stop()
         t.join(20)
