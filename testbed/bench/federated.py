@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -154,12 +155,20 @@ def run_bench(cfg: BenchConfig, agent_python, root, log=print) -> dict:
     pop = Population.build(pcfg, cfg.seed)
     M = len(pop.site)
     site_name = {i: f"site-{pop.site[i]}" for i in range(M)}
-    learner = Learner(agent_python, root)
+    # Two workers, one per learning trajectory, on the two cores: the gNB-aggregation arms (optical and
+    # always-on admit the same updates, so the second reuses the first's local runs) and packet. Both
+    # build the same base from the seed.
+    learners = {"gnb": Learner(agent_python, root), "packet": Learner(agent_python, root)}
     rest = _Rest()
+    init = dict(seed=cfg.seed, n_ues=M, sites=[site_name[i] for i in range(M)],
+                local={"steps": cfg.local_steps}, compression={"encoding": cfg.compression},
+                aggregator={"max_bytes": cfg.max_aggregate_bytes}, pretrain_steps=cfg.pretrain_steps)
     try:
-        info = learner.call("init", seed=cfg.seed, n_ues=M, sites=[site_name[i] for i in range(M)],
-                            local={"steps": cfg.local_steps}, compression={"encoding": cfg.compression},
-                            aggregator={"max_bytes": cfg.max_aggregate_bytes}, pretrain_steps=cfg.pretrain_steps)
+        with ThreadPoolExecutor(2) as pool:
+            infos = list(pool.map(lambda lr: lr.call("init", **init), learners.values()))
+        info = infos[0]
+        if infos[1]["val_loss"] != info["val_loss"]:
+            raise RuntimeError("the two learning workers built different base models from one seed")
         log(f"federated: {M} UEs, adapter {info['adapter_params']} parameters, update {info['update_bytes']} B "
             f"({cfg.compression}), base {info['base_params']} parameters, val loss {info['val_loss']:.3f}")
         parts, arrival = radio(cfg, pop, info["update_bytes"])
@@ -176,15 +185,23 @@ def run_bench(cfg: BenchConfig, agent_python, root, log=print) -> dict:
         epoch_ms = math.floor(time.time()) * 1e3  # announcements carry Unix ms: the bench's t=0 is now
         out = {"config": asdict(cfg), "learning": {k: v for k, v in info.items() if k not in ("samples", "ok")},
                "participants_per_round": [len(p) for p in parts],
-               "participants_per_site_mean": float(np.mean([len(p) for p in parts]) / pcfg.n_sites), "arms": {}}
-        for arm in ARMS:
-            out["arms"][arm] = run_arm(arm, cfg, ccfg, learner, rest, parts, gnb_ev if arm != "packet" else pkt_ev,
-                                       gnb_close if arm != "packet" else pkt_close, epoch_ms, info, len(flows), log)
+               "participants_per_site_mean": float(np.mean([len(p) for p in parts]) / pcfg.n_sites),
+               "updates_reaching_gnb": len(flows), "arms": {}}
+
+        def arms(names):
+            lr = learners["packet" if names == ("packet",) else "gnb"]
+            return {a: run_arm(a, cfg, ccfg, lr, rest, parts, gnb_ev if a != "packet" else pkt_ev,
+                               gnb_close if a != "packet" else pkt_close, epoch_ms, info, len(flows), log)
+                    for a in names}
+        with ThreadPoolExecutor(2) as pool:
+            done = list(pool.map(arms, [("optical", "always-on"), ("packet",)]))
+        out["arms"] = {a: {**done[0], **done[1]}[a] for a in ARMS}
         out["reconfig_sweep"] = sweep(cfg, ccfg, out["arms"]["optical"].pop("transfers"))
         out["wall_s"] = time.monotonic() - t_wall
         return out
     finally:
-        learner.close()
+        for lr in learners.values():
+            lr.close()
         rest.close()
 
 
@@ -244,10 +261,12 @@ def run_arm(arm, cfg: BenchConfig, ccfg: CircuitConfig, learner, rest, parts, ev
             books = switch.finish()
             held, setup = sum(b.release_s - b.up_s for b in books), sum(b.setup_s for b in books)
             res["intervals"] = switch.intervals
+            res["booking_spans"] = [[b.up_s, b.release_s, b.setup_s, b.site, b.circuit] for b in books]
             res["transfers"] = transfers_all
             res["bookings"] = len(books)
         else:
             held, setup = len({p.key[0] for p in placed_all}) * horizon, 0.0  # one circuit per site, always up
+        res["transfer_spans"] = [[p.start_s, p.end_s, p.key[0]] for p in placed_all]
         res.update(transport_flows=len(agg_bytes), transport_bytes=int(sum(agg_bytes)), circuit_s_held=held,
                    circuit_s_used=used, circuit_s_setup=setup, occupancy=used / held if held else None,
                    occupancy_incl_setup=used / (held + setup) if held + setup else None)
@@ -298,37 +317,64 @@ def print_table(out: dict) -> None:
 
 
 def plot(out: dict, path: str) -> None:
+    """Top: one round's transfer window on the optical arm's circuits. Bottom: circuit occupancy per
+    round (bytes on the wire / circuit time held in that round), optical vs always-on."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    opt = out["arms"]["optical"]
+    opt, aon = out["arms"]["optical"], out["arms"]["always-on"]
     cfg = out["config"]
-    fig, (a, b) = plt.subplots(2, 1, figsize=(9, 6.5))
+    R, rs = cfg["rounds"], cfg["round_s"]
+    fig, (a, b) = plt.subplots(2, 1, figsize=(9, 7))
     ivs = opt["intervals"]
-    r1 = [iv for iv in ivs if cfg["round_s"] <= iv[1] < 2 * cfg["round_s"]] or ivs
-    t0 = min(iv[1] for iv in r1)
-    for c, s, e, kind in r1:
-        a.barh(c, (e - s) * 1e3, left=(s - t0) * 1e3, color="tab:orange" if kind == "setup" else "tab:blue",
-               edgecolor="k", linewidth=0.3)
-    a.set_xlabel(f"ms after {t0:.4f} s (one round's transfer window)")
+    k = 1 if R > 1 else 0
+    win = sorted([iv for iv in ivs if k * rs <= iv[1] < (k + 1) * rs] or ivs, key=lambda iv: iv[1])
+    # the first burst of that round (sites that closed early would stretch the axis over seconds)
+    gap = 10 * cfg["reconfig_s"] + 1e-3
+    burst = [win[0]]
+    for iv in win[1:]:
+        if iv[1] - max(b_[2] for b_ in burst) > gap:
+            break
+        burst.append(iv)
+    win = burst
+    t0 = min(iv[1] for iv in win)
+    t1 = max(iv[2] for iv in win)
+    for c, s0, e, kind in win:
+        a.barh(c, (e - s0) * 1e3, left=(s0 - t0) * 1e3, height=0.5,
+               color="tab:orange" if kind == "setup" else "tab:blue", edgecolor="k", linewidth=0.3)
+    for up, _, _, site, c in opt["booking_spans"]:
+        if t0 <= up <= t1:
+            a.annotate(site, ((up - t0) * 1e3, c + 0.3), fontsize=8)
+    a.set_xlabel(f"ms after {t0:.4f} s (round {k}'s transfer window)")
     a.set_ylabel("circuit")
-    a.set_title("optical arm: reconfiguration (orange) and transfers (blue), set up just in time")
-    T = cfg["rounds"] * cfg["round_s"]
-    ts = np.linspace(0, T, 400)
-    for arm, style in (("optical", "-"), ("always-on", "--")):
-        r = out["arms"][arm]
-        if arm == "optical":
-            busy = np.array([sum(max(0.0, min(e, t) - s) for _, s, e, k in ivs if k == "transfer") for t in ts])
-            held = busy * (r["circuit_s_held"] / max(r["circuit_s_used"], 1e-30))
-        else:
-            held = ts * r["circuit_s_held"] / T
-            busy = ts * r["circuit_s_used"] / T
-        b.plot(ts, np.maximum(held, 1e-9), style, label=f"{arm}: held")
-        b.plot(ts, np.maximum(busy, 1e-9), style, label=f"{arm}: carrying bytes")
+    a.set_yticks(range(cfg["circuits"]))
+    a.set_ylim(-0.5, cfg["circuits"] - 0.2)
+    a.set_title(f"optical arm: reconfiguration ({cfg['reconfig_s'] * 1e3:g} ms, orange) and aggregate transfers "
+                f"(blue)", fontsize=9)
+
+    def per_round(spans):
+        return np.array([sum(max(0.0, min(e, (r + 1) * rs) - max(s0, r * rs)) for s0, e in spans)
+                         for r in range(R)]) if spans else np.zeros(R)
+
+    used_o = per_round([(s0, e) for _, s0, e, kind in ivs if kind == "transfer"])
+    held_o = per_round([(u, r_) for u, r_, _, _, _ in opt["booking_spans"]])
+    setup_o = np.array([sum(st for u, _, st, _, _ in opt["booking_spans"] if r * rs <= u < (r + 1) * rs)
+                        for r in range(R)])
+    used_a = per_round([(s0, e) for s0, e, _ in aon["transfer_spans"]])
+    n_sites = len({site for _, _, site in aon["transfer_spans"]})
+    held_a = np.full(R, n_sites * rs)
+    x = np.arange(R)
+    w = 0.27
+    b.bar(x - w, 100 * used_o / np.maximum(held_o, 1e-30), w, label="optical, while held")
+    b.bar(x, 100 * used_o / np.maximum(held_o + setup_o, 1e-30), w, label="optical, incl. set-up")
+    b.bar(x + w, 100 * used_a / held_a, w, label="always-on circuit per site")
     b.set_yscale("log")
-    b.set_xlabel("run time (s)")
-    b.set_ylabel("cumulative circuit-seconds")
-    b.legend(fontsize=8)
+    b.set_ylim(1e-4, 200)
+    b.axhline(90, color="k", linestyle=":", linewidth=0.8)
+    b.set_xticks(x)
+    b.set_xlabel("round")
+    b.set_ylabel("circuit occupancy (%)")
+    b.legend(fontsize=8, loc="upper center", ncol=3, bbox_to_anchor=(0.5, -0.15))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -357,8 +403,9 @@ def run(args: argparse.Namespace) -> int:
               f"{100 * row['occupancy_incl_setup']:.1f} % | {row['round_completion_s_p99']:.3f} | "
               f"{row['deadlines_missed_by_transport']} |")
     print(f"flows: packet / optical = {pkt['transport_flows'] / max(opt['transport_flows'], 1):.1f}x "
-          f"(participating UEs per site per round: {out['participants_per_site_mean']:.1f}); "
-          f"seed {cfg.seed}; {out['wall_s']:.0f} s")
+          f"(participating UEs per site per round: {out['participants_per_site_mean']:.1f}; updates that reached "
+          f"their gNB: {out['updates_reaching_gnb']} of {pkt['updates_produced']}); seed {cfg.seed}; "
+          f"{out['wall_s']:.0f} s")
     if args.plot:
         plot(out, args.plot)
         print(f"plot: {args.plot}")
