@@ -341,6 +341,10 @@ class BudgetEnforcer:
         self._work_cpu = self._work_wall = 0.0
         self.host_threads = 1
         self.host_expected_s = 0.0
+        # Host CPU the caller is about to spend on work of its own (a checkpoint, a cross-site exchange),
+        # set before it starts: kept out of the busy budget on top of the expected host CPU until the
+        # window's measured host CPU covers it, so that the work lands inside the grant, not beyond it.
+        self.host_reserve_s = 0.0
         # Idle accounting: since when, and why, nothing has been recorded: (since, cause, caller's deadline)
         self._mark: tuple[float, str, float | None] | None = None
 
@@ -592,7 +596,7 @@ class BudgetEnforcer:
         w = w or self.window
         if w is None:
             return 0.0
-        host = max(self.host_expected_s, w.host_s) / self.host_threads
+        host = max(self.host_expected_s + self.host_reserve_s, w.host_s) / self.host_threads
         return max(0.0, w.lease.budget_s - host - w.debt_s)
 
     def _excess(self, w: _Window) -> float:
@@ -683,7 +687,8 @@ class BudgetEnforcer:
                 take = min(seconds, left)
                 out[cause] += take
                 left -= take
-        held_back = max(0.0, (max(self.host_expected_s, w.host_s) - w.host_s) / self.host_threads) + w.debt_s
+        expected = self.host_expected_s + self.host_reserve_s
+        held_back = max(0.0, (max(expected, w.host_s) - w.host_s) / self.host_threads) + w.debt_s
         if left > 0:
             out[HOST_RESERVE] = min(left, held_back)
             left -= out[HOST_RESERVE]

@@ -61,6 +61,10 @@ log = logging.getLogger("weaver.agent")
 
 REFUSED = "refused"       # a lease the agent cannot run inside its SMs (LeaseReleased.reason)
 IDLE_TICK_S = 0.05        # longest idle wait: bounds how stale the status and the mode loop get
+# First guesses of the CPU the agent's own host work takes (then learned, as a peak tracker): on a CPU-only
+# site that CPU is what the platform meters as the site's GPU, so it is reserved inside the lease first.
+HOST_WORK_GUESS_S = {"checkpoint": 0.02, "exchange": 0.015}
+HOST_WORK_DECAY = 0.7
 MODE_EVERY_S = 1.0
 
 
@@ -122,6 +126,8 @@ class SiteAgent:
         self._next_ckpt_step = config.train.checkpoint_every
         self._checkpoint_due = False
         self.cross_site: lease_pb2.CrossSiteConfig | None = None
+        self.host_work_s = dict(HOST_WORK_GUESS_S)   # learned CPU of the agent's own host work, by kind
+        self._host_reserved: dict[str, float] = {}     # the kinds about to run, reserved in the lease
         self.stepped_tokens = 0         # tokens, steps and loss sum of applied optimizer steps
         self.stepped_steps = 0
         self.stepped_loss_sum = 0.0
@@ -300,8 +306,12 @@ class SiteAgent:
             self._checkpoint()
 
     def _wait(self, d: Idle) -> None:
-        if self._checkpoint_due:
+        # On a CPU-only site the write is host CPU the platform meters as the site GPU: it waits for an idle
+        # moment inside a lease, where its reserve kept room for it (a site with no lease trains nothing new).
+        if self._checkpoint_due and (not self._charges_host() or self.enforcer.window is not None):
+            cpu0 = time.process_time()
             self._checkpoint()
+            self.learn_host("checkpoint", time.process_time() - cpu0)
         timeout = IDLE_TICK_S if d.until is None else min(IDLE_TICK_S, max(0.0, d.until - self.clock()))
         self._handle(self.client.poll(timeout))
 
@@ -327,6 +337,7 @@ class SiteAgent:
             # fsync) and must not be counted into, or overrun, a lease window.
             self._next_ckpt_step = self.trainer.step + c.checkpoint_every
             self._checkpoint_due = True
+            self.reserve_host("checkpoint")
 
     def _eval_chunk(self, n: int) -> float:
         cpu0 = time.process_time()
@@ -349,6 +360,7 @@ class SiteAgent:
 
     def _checkpoint(self) -> CheckpointInfo:
         self._checkpoint_due = False
+        self.reserve_host("checkpoint", False)
         with self._lock:
             state = self.trainer.state_dict()
         state["agent"] = {"site_id": self.config.lease.site_id, "agent_config": self.config.to_dict()}
@@ -495,11 +507,28 @@ class SiteAgent:
             closed = self.enforcer.close_windows(self.clock())
         self._publish(closed)
 
+    def _charges_host(self) -> bool:
+        """Host CPU counts against the lease: a CPU-only site training in the leased-device modes."""
+        return self.device.kind == "cpu" and self.modes.device == GPU
+
+    def reserve_host(self, kind: str, on: bool = True) -> None:
+        """Host work of `kind` is about to run (on=False: it ran): on a CPU-only site its learned CPU is
+        kept out of the lease's busy budget meanwhile, so that it runs inside the grant."""
+        if on:
+            self._host_reserved[kind] = self.host_work_s[kind]
+        else:
+            self._host_reserved.pop(kind, None)
+        self.enforcer.host_reserve_s = sum(self._host_reserved.values()) if self._charges_host() else 0.0
+
+    def learn_host(self, kind: str, cpu_s: float) -> None:
+        """What host work of `kind` took this time (peak tracker: a larger one is expected at once)."""
+        self.host_work_s[kind] = max(cpu_s, HOST_WORK_DECAY * self.host_work_s[kind] + (1 - HOST_WORK_DECAY) * cpu_s)
+
     def _note_host_cpu(self) -> None:
         """On a CPU-only site the lease grants the whole process's CPU time (all threads: gRPC, lease
         client, checkpoints, cross-site host work), which is what the platform meters: give the enforcer
         the process CPU clock so it charges host CPU to the lease. On a GPU host CPU is no GPU SM."""
-        if self.device.kind == "cpu" and self.modes.device == GPU:
+        if self._charges_host():
             self.enforcer.note_process_cpu(self.clock(), time.process_time(), max(1, self._threads))
 
     def _publish(self, reports: list[WindowReport]) -> None:

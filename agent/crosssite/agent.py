@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import threading
+import time
 from collections import deque
 
 import torch
@@ -75,6 +76,7 @@ class CrossSiteAgent(SiteAgent):
         self._retry_at = -math.inf
         self._round_eval_step = 0               # validate after the first committed round this step is reached
         self._mark = self._work_counters()      # the counters at the last snapshot (or at joining)
+        self._exchange_mark: tuple[float, float] | None = None   # (process, loop thread) CPU at the last begin
 
     # --- the loop: SiteAgent's, with the tier ticked between launches ---------------------------
     def run(self, max_seconds: float | None = None) -> None:
@@ -89,11 +91,27 @@ class CrossSiteAgent(SiteAgent):
         if tier is None:
             return
         try:
-            tier.poll()                        # merge a round that has landed (calls _on_round)
+            if tier.in_flight:
+                landed = tier.landed
+                tier.poll()                    # merge a round that has landed (calls _on_round)
+                if landed:
+                    self._exchange_done()
             if tier.due() and not self.stop_event.is_set():
+                # The exchange's CPU (quorum, all-reduces, outer step, other threads) is host work: reserved
+                # in the lease first (see SiteAgent.reserve_host), learned from the process CPU beyond
+                # this thread's while it was in flight.
+                self.reserve_host("exchange")
+                self._exchange_mark = (time.process_time(), time.thread_time())
                 tier.begin(self._work_since_snapshot())
         except Exception as exc:  # noqa: BLE001 - quorum / collective failures: the next round retries
+            self._exchange_done()
             self._tier_failed("round failed", exc, tier.config.round_s)
+
+    def _exchange_done(self) -> None:
+        mark, self._exchange_mark = self._exchange_mark, None
+        if mark is not None:
+            self.learn_host("exchange", max(0.0, (time.process_time() - mark[0]) - (time.thread_time() - mark[1])))
+        self.reserve_host("exchange", False)
 
     def _work_counters(self) -> tuple[int, int, float]:
         return self.stepped_tokens, self.stepped_steps, self.stepped_loss_sum
@@ -164,6 +182,8 @@ class CrossSiteAgent(SiteAgent):
         if join is not None:
             join.abandon()
         tier, self.tier = self.tier, None
+        self._exchange_mark = None
+        self.reserve_host("exchange", False)
         if tier is not None:
             tier.close()
             c = self.config.train

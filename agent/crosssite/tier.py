@@ -291,6 +291,11 @@ class CrossSiteTier:
     def in_flight(self) -> bool:
         return self._inflight is not None
 
+    @property
+    def landed(self) -> bool:
+        """The round in flight has finished its exchange: the next `poll` merges it (or raises)."""
+        return self._inflight is not None and self._inflight.done.is_set()
+
     def due(self, now: float | None = None) -> bool:
         """True when the loop should call `begin`: no round in flight and the transfer window opened."""
         return self._inflight is None and (self.clock() if now is None else now) >= self.window_start

@@ -48,7 +48,7 @@ def test_dockerfile_agent_is_well_formed_and_cuda_capable():
 def test_dockerfile_agent_installs_the_agent_extra_and_runs_the_agent():
     ins = instructions(DOCKERFILE.read_text())
     runs = " ".join(a for k, a in ins if k == "RUN")
-    assert re.search(r"pip install \"?\.\[agent\]\"?", runs)
+    assert re.search(r"pip install \"?\.\[agent(,jobs)?\]\"?", runs)
     copies = [a.split()[0] for k, a in ins if k == "COPY"]
     assert {"agent", "schemas", "setup.cfg"} <= set(copies)
     assert not {"xapp", "testbed", "e2sm"} & set(copies)          # the agent image carries no xApp code
