@@ -160,11 +160,14 @@
     const canvas = el("canvas", { "data-testid": "site-chart", "data-site": track.id, "data-points": "0" });
     const kv = el("div", { class: "kv", "data-testid": "site-kv" });
     const caps = el("div", { class: "caps", "data-testid": "site-caps" });
+    // the utilisation waterfall (GET /api/v1/waterfall): usable spare -> granted -> held -> used
+    const wf = el("canvas", { class: "waterfall", "data-testid": "site-waterfall", "data-site": track.id, "data-stages": "0" });
+    const wfText = el("div", { class: "wf-text", "data-testid": "site-waterfall-causes" });
     const badge = el("span", { class: "badge waiting", "data-testid": "site-status" }, "waiting");
     const why = el("span", { class: "why", "data-testid": "site-why" });
     const card = el("div", { class: "site", "data-testid": "site-card", "data-site": track.id, "data-status": "waiting" },
-      el("h3", {}, el("span", { "data-testid": "site-name" }, track.id), why, badge), canvas, kv, caps);
-    track.card = { root: card, canvas, kv, caps, badge, why };
+      el("h3", {}, el("span", { "data-testid": "site-name" }, track.id), why, badge), canvas, kv, wf, wfText, caps);
+    track.card = { root: card, canvas, kv, caps, badge, why, wf, wfText };
     const host = $("sites");
     host.querySelector(".empty")?.remove();
     const after = [...host.children].find((c) => c.dataset.site > track.id);
@@ -249,7 +252,75 @@
         : el("div", {}, isNum(v.acked_envelope_sms) ? `compute envelope ${v.acked_envelope_sms} SMs (no slice caps)` : "no slice caps acknowledged"),
     );
     drawChart(track);
+    drawWaterfall(track);
   }
+
+  // ---------------------------------------------------------------- the waterfall chart
+  // One column per stage (SM·s since the xApp started); between two stages, the SM·s lost there stacked
+  // by cause (a negative cause, e.g. shaping below the peak, is not drawn but listed).
+  const WF_STAGES = ["usable", "granted", "held", "used"];
+  const WF_COLORS = ["#8e24aa", "#f9a825", "#6d4c41", "#546e7a", "#d81b60", "#00897b", "#7cb342", "#3949ab"];
+
+  function drawWaterfall(track) {
+    const c = track.card, wf = track.waterfall;
+    const canvas = c.wf;
+    const dpr = window.devicePixelRatio || 1;
+    const w = Math.max(100, canvas.clientWidth), h = Math.max(60, canvas.clientHeight);
+    if (canvas.width !== Math.round(w * dpr) || canvas.height !== Math.round(h * dpr)) {
+      canvas.width = Math.round(w * dpr);
+      canvas.height = Math.round(h * dpr);
+    }
+    const g = canvas.getContext("2d");
+    g.setTransform(dpr, 0, 0, dpr, 0, 0);
+    g.clearRect(0, 0, w, h);
+    const st = wf && wf.stages_sm_s && typeof wf.stages_sm_s === "object" ? wf.stages_sm_s : null;
+    if (!st || !isNum(st.usable)) { canvas.dataset.stages = "0"; c.wfText.textContent = "waterfall: -"; return; }
+    const legs = Array.isArray(wf.legs) ? wf.legs : [];
+    const top = Math.max(1e-9, ...WF_STAGES.map((k) => (isNum(st[k]) ? st[k] : 0)));
+    const pad = { l: 6, r: 6, t: 14, b: 14 };
+    const slot = (w - pad.l - pad.r) / (2 * WF_STAGES.length - 1);
+    const Y = (v) => pad.t + (h - pad.t - pad.b) * (1 - Math.max(0, v) / top);
+    g.font = "10px system-ui, sans-serif";
+    let drawn = 0, causes = 0;
+    const colorOf = new Map();
+    WF_STAGES.forEach((k, i) => {
+      const v = isNum(st[k]) ? st[k] : 0;
+      const x = pad.l + 2 * i * slot;
+      g.fillStyle = k === "used" ? COLORS.used : k === "granted" ? COLORS.grant : "#78909c";
+      g.fillRect(x, Y(v), slot, Y(0) - Y(v));
+      g.fillStyle = COLORS.axis;
+      g.fillText(`${k} ${Math.round(v)}`, x, h - 3);
+      if (usable(st) > 0) g.fillText(`${Math.round(100 * v / st.usable)}%`, x, Math.max(10, Y(v) - 3));
+      drawn += 1;
+      const leg = legs.find((l) => l && l.from === k && l.to === WF_STAGES[i + 1]);
+      if (!leg || !leg.causes_sm_s) return;
+      let y0 = isNum(st[WF_STAGES[i + 1]]) ? st[WF_STAGES[i + 1]] : 0;
+      for (const [cause, lost] of Object.entries(leg.causes_sm_s).sort((a, b) => b[1] - a[1])) {
+        if (!isNum(lost) || lost <= 0) continue;
+        if (!colorOf.has(cause)) colorOf.set(cause, WF_COLORS[colorOf.size % WF_COLORS.length]);
+        g.fillStyle = colorOf.get(cause);
+        g.fillRect(x + slot, Y(y0 + lost), slot, Y(y0) - Y(y0 + lost));
+        y0 += lost;
+        causes += 1;
+      }
+    });
+    canvas.dataset.stages = String(drawn);
+    canvas.dataset.causes = String(causes);
+    canvas.dataset.usedOverUsable = st.usable > 0 ? (st.used / st.usable).toFixed(3) : "";
+    const parts = legs.filter((l) => l && l.causes_sm_s).map((l) => {
+      const big = Object.entries(l.causes_sm_s).filter(([, v]) => isNum(v)).sort((a, b) => Math.abs(b[1]) - Math.abs(a[1])).slice(0, 3);
+      return `${l.from}>${l.to} -${fmt(l.lost_sm_s, 0)}: ${big.map(([k, v]) => `${k} ${fmt(v, 0)}`).join(", ") || "-"}`;
+    });
+    const key = (cause, color) => {
+      const i = el("i");
+      i.style.background = color;
+      return el("span", { class: "wf-key", "data-testid": "waterfall-cause" }, i, cause);
+    };
+    c.wfText.replaceChildren(...[...colorOf].map(([k, col]) => key(k, col)), el("div", {}, `SM·s lost - ${parts.join("; ")}`));
+    canvas.setAttribute("aria-label", `waterfall ${WF_STAGES.map((k) => `${k} ${fmt(st[k], 0)}`).join(" > ")} SM·s`);
+  }
+
+  function usable(st) { return isNum(st.usable) ? st.usable : 0; }
 
   // ---------------------------------------------------------------- the chart
   function drawChart(track) {
@@ -485,14 +556,17 @@
       S.sites.get(v.site_id).update(v);
     }
     for (const t of S.sites.values()) if (!seen.has(t.id)) t.reported = false;
-    const [agents, controls, transfers, subs] = await Promise.allSettled([
+    const [agents, controls, transfers, subs, wf] = await Promise.allSettled([
       getJson("/api/v1/agents"), getJson("/api/v1/controls"), getJson("/api/v1/transfers"),
-      getJson("/api/v1/subscriptions"),
+      getJson("/api/v1/subscriptions"), getJson("/api/v1/waterfall"),
       ...[...S.sites.values()].filter((t) => t.reported).map((t) => fetchSeries(t).catch(() => null)),
     ]);
     if (agents.status === "fulfilled" && agents.value) {
       if (agents.value.epoch !== undefined) S.epoch = agents.value.epoch;
       renderAgents(Array.isArray(agents.value.agents) ? agents.value.agents : []);
+    }
+    if (wf.status === "fulfilled" && wf.value && wf.value.sites && typeof wf.value.sites === "object") {
+      for (const t of S.sites.values()) if (wf.value.sites[t.id]) t.waterfall = wf.value.sites[t.id];
     }
     for (const t of S.sites.values()) renderCard(t);
     let ctl = [];
