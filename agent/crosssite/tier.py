@@ -238,7 +238,8 @@ class CrossSiteTier:
         self.reducer = reducer or SiteReducer()
         self.on_transfer_plan = on_transfer_plan
         self.on_round = on_round
-        self.params = list(model.parameters())   # tied weights appear once
+        # Tied weights appear once; frozen ones (a LoRA job's base) never change, so they are not averaged.
+        self.params = [p for p in model.parameters() if p.requires_grad]
         self.global_flat = flatten(self.params).clone()
         self.outer = OuterOptimizer(self.global_flat, config.policy)
         self.ledger = TokenLedger()
