@@ -18,9 +18,9 @@ KPM3 = "1.3.6.1.4.1.53148.1.3.2.2"
 GPU, GUARD, G = 128, 8, 8
 
 
-def setup():
+def setup(**over):
     c = XappConfig.from_controls({
-        "period_ms": 100, "policy": {"name": "weaver", "guard_sms": GUARD, "hold_periods": 3},
+        **over, "period_ms": 100, "policy": {"name": "weaver", "guard_sms": GUARD, "hold_periods": 3},
         "actuation": {"mode": "auto", "control_timeout_ms": 300, "hysteresis_sms": 8},
         "estimate": {"window_periods": 8},       # a short window, so that a drop in demand shows soon
         "sites": [{"site_id": "s1", "nodes": ["n1"], "gpu_sms": GPU, "granularity": G}]})
@@ -40,8 +40,8 @@ def kpm(t, mean, peak):
 class Shell:
     """Feeds the loop and ACKs every control one step later; records each decision's causes."""
 
-    def __init__(self):
-        self.st = setup()
+    def __init__(self, **cfg):
+        self.st = setup(**cfg)
         self.rt = self.st.sites["s1"]
         self.pending = []
         self.decisions = []      # (t, causes in SMs, grant)
@@ -115,7 +115,7 @@ def test_a_stale_revoke_between_decisions_cuts_the_granted_period_short():
 
 
 def test_ticks_the_loop_passed_late_carry_the_last_decision():
-    sh = Shell()
+    sh = Shell(stale_periods=5)                  # KPM still fresh when the loop comes back late
     for i in range(1, 6):
         sh.tick(round(0.1 * i, 6), 30, 40)
     led = sh.rt.waterfall
