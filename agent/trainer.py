@@ -55,7 +55,8 @@ class Trainer:
         self._pending_tokens = 0
         self._pending_loss_sum = 0.0
         self._eval_samples = (config or TrainConfig()).eval_samples   # the loop's setting, whatever the job
-        self.to(device)
+        if torch.device(device) != self.device:
+            self.to(device)
 
     def to(self, device: str | torch.device) -> None:
         """Move everything training touches to `device`: parameters, pending gradients and optimizer
