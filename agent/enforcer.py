@@ -44,8 +44,8 @@ deadline, is a round wait (the cross-site tier's blocking phases run after it, w
 an Idle(budget-spent) with busy budget left is the enforcer's own choice (nothing fits); the time after
 recorded work until the next decision is the caller's loop (event handling, reports, checkpoint writes).
 What is left once those are counted (capped at the idle grant, in time order) is the budget held back
-for host CPU or a previous period's excess (host reserve), and the closing term `other`, negative when
-the window's work ran beyond its grant.
+for host CPU or a previous period's excess (host reserve), and the closing term `other`; or, when the
+window's work and host CPU ran beyond its grant, that excess as a negative `beyond-grant`.
 """
 from __future__ import annotations
 
@@ -65,9 +65,10 @@ COLD_GAP_S = 0.001        # a launch starting this long after the last work ende
 MIN_POOL = 8              # residuals a cold/warm pool needs before its own quantiles replace the pooled ones
 HOST_DECAY = 0.8          # per period: how fast the expected host CPU of a period forgets a burst
 # Idle causes (WindowReport.idle_s); SPENT is time after the busy budget was used, no loss of its own.
-NOTHING_FITS, ROUND_WAIT, LOOP, HOST_RESERVE, OTHER, SPENT = (
-    "nothing-fits", "round-wait", "loop", "host-reserve", "other", "spent")
-IDLE_CAUSES = (NOTHING_FITS, ROUND_WAIT, HOST_RESERVE, LOOP, OTHER)
+# BEYOND (<= 0) is the work and host CPU beyond the grant: a negative idle, so the sum still holds.
+NOTHING_FITS, ROUND_WAIT, LOOP, HOST_RESERVE, OTHER, BEYOND, SPENT = (
+    "nothing-fits", "round-wait", "loop", "host-reserve", "other", "beyond-grant", "spent")
+IDLE_CAUSES = (NOTHING_FITS, ROUND_WAIT, HOST_RESERVE, LOOP, OTHER, BEYOND)
 
 
 @dataclass(frozen=True)
@@ -692,7 +693,7 @@ class BudgetEnforcer:
         if left > 0:
             out[HOST_RESERVE] = min(left, held_back)
             left -= out[HOST_RESERVE]
-        out[OTHER] = left
+        out[OTHER], out[BEYOND] = max(left, 0.0), min(left, 0.0)
         return tuple(out.items())
 
     def next_deadline(self) -> float | None:
@@ -717,5 +718,5 @@ def window_waterfall(r: WindowReport, units: int, used_ms: float, work_log=()) -
     return {"host_sm_ms": r.host_s * ms, "starved_sm_ms": busy_ms - used_ms,
             "idle_nothing_fits_sm_ms": r.idle(NOTHING_FITS) * ms, "idle_round_wait_sm_ms": r.idle(ROUND_WAIT) * ms,
             "idle_host_reserve_sm_ms": r.idle(HOST_RESERVE) * ms, "idle_loop_sm_ms": r.idle(LOOP) * ms,
-            "idle_other_sm_ms": r.idle(OTHER) * ms,
+            "idle_other_sm_ms": r.idle(OTHER) * ms, "beyond_grant_sm_ms": -r.idle(BEYOND) * ms,
             "warm_up_sm_ms": wall["warm-up"] * ms * share, "eval_sm_ms": wall["eval"] * ms * share}

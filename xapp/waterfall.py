@@ -41,7 +41,8 @@ SKEW = "metering skew"
 # held -> used (the agent's UsageReport fields, lease.proto)
 AGENT_CAUSES = {"starved_sm_ms": "host-starvation", "idle_nothing_fits_sm_ms": "nothing-fits",
                 "idle_round_wait_sm_ms": "round-wait", "idle_host_reserve_sm_ms": "host-reserve",
-                "idle_loop_sm_ms": "agent-loop", "idle_other_sm_ms": "enforcer-closing-term"}
+                "idle_loop_sm_ms": "agent-loop", "idle_other_sm_ms": "enforcer-closing-term",
+                "beyond_grant_sm_ms": "beyond-grant"}        # a negative loss: used beyond the grant
 AGENT_FIELDS = ("sm_ms_granted", "sm_ms_used", "host_sm_ms", *AGENT_CAUSES, "warm_up_sm_ms", "eval_sm_ms")
 FAILSAFE_REASONS = ("deadline-miss", "control-timeout", "control-failure", "site-error")
 
@@ -155,6 +156,7 @@ class UsageTotals:
     idle_host_reserve_sm_ms: float = 0.0
     idle_loop_sm_ms: float = 0.0
     idle_other_sm_ms: float = 0.0
+    beyond_grant_sm_ms: float = 0.0
     warm_up_sm_ms: float = 0.0
     eval_sm_ms: float = 0.0
     reports: int = 0
@@ -216,7 +218,8 @@ def _build(*, usable: float, ledger: GrantLedger, usage: UsageTotals, held: floa
     if usable != ledger.usable_sm_s:   # another meter of usable spare: what the xApp's does not explain
         xapp_causes = _with_skew(usable, granted, xapp_causes)
     delivery = _with_skew(granted, held, dict(ledger.cut_short))
-    agent = {name: getattr(usage, f) / 1e3 for f, name in AGENT_CAUSES.items()}
+    agent = {name: getattr(usage, f) / 1e3 * (-1 if f == "beyond_grant_sm_ms" else 1)
+             for f, name in AGENT_CAUSES.items()}
     agent = _with_skew(held, used, agent)
     return {
         "stages_sm_s": {"usable": usable, "granted": granted, "held": held, "used": used},

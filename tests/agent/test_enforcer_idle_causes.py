@@ -11,6 +11,7 @@ import random
 import pytest
 
 from agent.enforcer import (
+    BEYOND,
     HOST_RESERVE,
     LOOP,
     NOTHING_FITS,
@@ -21,6 +22,7 @@ from agent.enforcer import (
     Launch,
     LeaseTerms,
     StepNow,
+    window_waterfall,
 )
 
 
@@ -67,9 +69,10 @@ def check_identity(reports):
     assert reports
     for r in reports:
         causes = dict(r.idle_s)
-        assert set(causes) == {NOTHING_FITS, ROUND_WAIT, HOST_RESERVE, LOOP, OTHER}
+        assert set(causes) == {NOTHING_FITS, ROUND_WAIT, HOST_RESERVE, LOOP, OTHER, BEYOND}
         assert r.granted_s == pytest.approx(r.busy_s + r.host_s + sum(causes.values()), abs=1e-9)
-        assert all(v >= 0 for c, v in causes.items() if c != OTHER)
+        assert all(v >= 0 for c, v in causes.items() if c != BEYOND) and causes[BEYOND] <= 0
+        assert causes[OTHER] * causes[BEYOND] == 0          # idle left unexplained, or beyond the grant
 
 
 @pytest.mark.parametrize("host_per_s,loop_gap", [(0.0, 0.0), (0.05, 0.0), (0.1, 0.0005)])
@@ -189,3 +192,23 @@ def test_after_the_deadline_the_callers_silence_is_a_round_wait():
     check_identity([r])
     assert r.idle(LOOP) == pytest.approx(0.01)
     assert r.idle(ROUND_WAIT) == pytest.approx(0.06 - 0.02 - 0.01)   # granted 60 ms: 20 busy, 10 loop
+
+
+@pytest.mark.parametrize("units", [1, 4])
+def test_the_usage_report_fields_add_up_to_the_grant(units):
+    """What the agent sends (window_waterfall -> UsageReport, lease.proto fields 13-22): sm_ms_granted =
+    sm_ms_used + host + starved + idle causes - beyond_grant, with a CPU clock that gets only ~90 % of the
+    wall time (host starvation) and host CPU on other threads."""
+    enf = BudgetEnforcer()
+    reports = run(enf, 2.0, host_per_s=0.08, loop_gap=0.0003)
+    log = [(r.start, r.start + 0.001, "eval") for r in reports[:3]]
+    for r in reports:
+        used_ms = 0.9 * r.busy_s * 1e3 * units            # the CPU clock the work got
+        f = window_waterfall(r, units, used_ms, log)
+        granted = r.granted_s * 1e3 * units
+        total = used_ms + f["host_sm_ms"] + f["starved_sm_ms"] - f["beyond_grant_sm_ms"] + sum(
+            v for k, v in f.items() if k.startswith("idle_"))
+        assert total == pytest.approx(granted, abs=1e-6)
+        assert f["starved_sm_ms"] == pytest.approx(0.1 * r.busy_s * 1e3 * units)
+        assert 0 <= f["eval_sm_ms"] <= used_ms and f["beyond_grant_sm_ms"] >= 0
+    assert sum(window_waterfall(r, units, 0.9 * r.busy_s * 1e3 * units, log)["eval_sm_ms"] for r in reports) > 0

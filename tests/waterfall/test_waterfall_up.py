@@ -117,7 +117,7 @@ def test_every_leg_of_the_waterfall_adds_up_and_names_its_causes(run):
     assert head["guard"] == pytest.approx(s["guard_sms"] * periods * s["period_ms"] / 1000, rel=0.05)
     agent = legs[("held", "used")]["causes_sm_s"]
     assert set(agent) - {"metering skew"} <= {"host-starvation", "nothing-fits", "round-wait", "host-reserve",
-                                              "agent-loop", "enforcer-closing-term"}
+                                              "agent-loop", "enforcer-closing-term", "beyond-grant"}
     assert sum(v for k, v in agent.items() if k != "metering skew") > 0
     # the total is the sum of the sites (one here), in the same shape
     assert s["totals"]["waterfall"]["stages_sm_s"] == pytest.approx(st)
