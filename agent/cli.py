@@ -242,8 +242,8 @@ def cmd_run(args) -> int:
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())
     signal.signal(signal.SIGINT, lambda *_: agent.stop())
     d = agent.device
-    print(f"weaver-agent: site {cfg.lease.site_id}, device {d.kind} {d.name} ({d.sm_count} "
-          f"{'SMs' if d.kind == 'cuda' else 'cores'}), job {cfg.job.name}, "
+    units = f"{d.sm_count} SMs" if d.kind == "cuda" else f"{d.cores if d.core_share < 1 else d.sm_count:g} cores"
+    print(f"weaver-agent: site {cfg.lease.site_id}, device {d.kind} {d.name} ({units}), job {cfg.job.name}, "
           f"{sum(p.numel() for p in agent.trainer.model.parameters())} params, "
           f"mode {agent.modes.mode} ({evidence}), broker {cfg.lease.broker}, metrics on {metrics_addr}, inspect on {addr}",
           flush=True)
