@@ -103,7 +103,10 @@ class UpConfig:
     faults: tuple[Fault, ...] = ()
     fault_at_s: float = DEFAULT_AT_S
     record_series: bool = False   # keep per-period ground truth and the xApp's lease view (weaver bench safety)
-    agent_cores: int = 1
+    # The cores each CPU stand-in agent's whole site GPU stands for; 0 = what this host can serve each agent
+    # (`agent_cores_for`). 1 core each on a host with a core per agent and one to spare; on the 2-core CI
+    # machine 3 agents get 0.3 each, so the run measures Weaver and not three agents queueing for 2 cores.
+    agent_cores: float = 0.0
     # > 0: for this long the E2 nodes send no KPM (the model runs, controls are answered), so the xApp,
     # without fresh measurements, grants nothing and the agents' idle baseline (connected, no lease) is
     # measured; then KPM flows, the xApp starts granting as at any start, and the faults' clock starts
@@ -120,6 +123,27 @@ class UpConfig:
         if not 200 <= self.round_ms <= 600_000:
             raise ValueError(f"--round-ms must be 200..600000, got {self.round_ms}")
         check_sites(self.faults, self.sites)
+        if not (self.agent_cores == 0 or 0.05 <= self.agent_cores <= 64):
+            raise ValueError(f"--agent-cores must be 0 (auto) or 0.05..64, got {self.agent_cores}")
+
+    @property
+    def cores_per_agent(self) -> float:
+        return self.agent_cores or agent_cores_for(self.sites)
+
+
+HOST_RESERVE_CORES = 1.0   # the world (RAN model, E2 nodes, mini-RIC), the xApp and the Lighthouse
+
+
+def _host_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def agent_cores_for(sites: int, host_cores: int | None = None) -> float:
+    """The cores a CPU stand-in can really be served on this host: what is left after the platform's own
+    processes, shared by the agents, at most one each, in steps of 0.05 (at least 0.1). A GPU site has no
+    such stand-in; a host with a core per agent and one to spare gives each a whole core."""
+    share = ((host_cores or _host_cores()) - HOST_RESERVE_CORES) / max(1, sites)
+    return 1.0 if share >= 1.0 else max(0.1, math.floor(share * 20 + 1e-9) / 20)
 
 
 def scenario_for(cfg: UpConfig) -> Scenario:
@@ -532,7 +556,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                     "--site-id", site_name(i), "--agent-id", f"agent-{i}", "--preset", cfg.agent_preset,
                     "--checkpoint-dir", str(run_dir / f"agent-{i}"), "--inspect-addr", f"{cfg.host}:0",
                     "--metrics-addr", f"{cfg.host}:0", "--mode", "gpu",  # train only under leases, never unleased
-                    "--cores", str(cfg.agent_cores)]
+                    "--cores", f"{cfg.cores_per_agent:g}"]
             if cfg.agent_job:
                 argv += ["--job", cfg.agent_job, *(a for kv in cfg.agent_job_args for a in ("--job-arg", kv))]
             cred = {"WEAVER_AGENT_TOKEN": site_credential(broker_secret, site_name(i))} if token_env else {}
@@ -541,7 +565,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             m = await asyncio.to_thread(sup.get(f"agent:{i}").wait_for_line, r"inspect on (\S+)", 120)
             agents.append(AgentView(i, m.group(1)))
         probe = AgentProbe(agents)
-        truths = [AgentTruth(i, sup.get(f"agent:{i}").proc.pid, float(world.gpu[i]), cfg.agent_cores)
+        truths = [AgentTruth(i, sup.get(f"agent:{i}").proc.pid, float(world.gpu[i]), cfg.cores_per_agent)
                   for i in range(cfg.sites)]
         world.truths = truths
         # The world's first period waits until every agent is connected to the broker: an agent builds its
@@ -569,7 +593,8 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             out("weaver up: lighthouse none (--no-cross-site: each site trains alone)")
         out(f"weaver up: run dir    {run_dir} (logs, config, checkpoints)")
         out(f"weaver up: truth      agent CPU from /proc ({truths[0].sampler.source}), "
-            f"site SMs = cpu_s / period_s * gpu_sms / {cfg.agent_cores} core(s)")
+            f"site SMs = cpu_s / period_s * gpu_sms / {cfg.cores_per_agent:g} core(s) (each agent's CPU stand-in "
+            f"for its site GPU: {'--agent-cores' if cfg.agent_cores else f'what this {_host_cores()}-core host can serve each'})")
 
         async def xapp_ready(child) -> None:
             await asyncio.to_thread(child.wait_for_line, r"weaver-xapp: ready", 90)
@@ -947,6 +972,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="tiny", help="agent model preset (tiny, small, medium)")
     parser.add_argument("--job", default=None, help="every agent's training job, package.module:factory")
     parser.add_argument("--job-arg", action="append", default=[], metavar="K=V", help="the job's arguments")
+    parser.add_argument("--agent-cores", type=float, default=0.0, metavar="CORES",
+                        help="cores each CPU stand-in agent's site GPU stands for (default: what this host can "
+                             "serve each agent, (host cores - 1) / sites, at most 1)")
     parser.add_argument("--run-dir", default=None, help="logs, config and checkpoints (default: a temp dir)")
     parser.add_argument("--json", default=None, metavar="SUMMARY", help="write the run summary as JSON")
     parser.add_argument("--record", default=None, metavar="FILE",
@@ -969,6 +997,7 @@ def run(args) -> int:
         cfg = UpConfig(sites=args.sites, cells=args.cells, duration_s=args.duration, policy=args.policy,
                        seed=args.seed, period_ms=args.period_ms, rest_port=args.port, agent_preset=args.preset,
                        agent_job=args.job or "", agent_job_args=tuple(args.job_arg),
+                       agent_cores=args.agent_cores,
                        run_dir=Path(args.run_dir) if args.run_dir else None,
                        cross_site=not args.no_cross_site, round_ms=args.round_ms,
                        faults=parse_faults(args.fault, args.fault_at), fault_at_s=args.fault_at,
