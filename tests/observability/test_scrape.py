@@ -120,10 +120,11 @@ def test_dashboard_is_grafana_json_over_these_metrics():
     for h in XAPP_HISTOGRAMS + AGENT_HISTOGRAMS:            # as heatmaps or quantiles
         assert h + "_bucket" in names, h
     for m in ("weaver_site_envelope_sms", "weaver_site_grant_sms", "weaver_site_used_sms_seconds_total",
-              "weaver_site_deadline_misses_total"):
+              "weaver_site_deadline_misses_total", "weaver_site_waterfall_sm_seconds",
+              "weaver_site_waterfall_lost_sm_seconds"):
         assert m in names, m
     kinds = {p["type"] for p in doc["panels"]}
-    assert {"heatmap", "timeseries"} <= kinds
+    assert {"heatmap", "timeseries", "bargauge"} <= kinds
 
 
 def test_running_xapp_and_agent_scrape_and_log_clean(tmp_path, redis_env, agent_python, monkeypatch):
