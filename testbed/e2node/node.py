@@ -1,13 +1,14 @@
 """The E2 node (gNB-DU) as a sans-IO state machine: E2AP bytes in, E2AP bytes out.
 
 `E2Node.setup_request()` starts E2 setup; `receive(mtype, payload)` handles what the RIC sends and
-returns the replies; `on_period(measurements, now_ntp)` returns the KPM indications due. The RAN it
+returns the replies; `on_period(measurements, now_ntp)` returns the KPM indications due: report style 1
+here, styles 2-5 (UE level) by `uestyles`, each action with the style its definition names. The RAN it
 controls is any object with the RAN model's control calls (`set_slice_quota`, `set_envelope`).
 Sockets, clocks and the model's stepping live in `testbed.e2node.shell` and `testbed.sim`.
 
 Bad input never raises out of `receive`: an undecodable PDU gets an ErrorIndication (protocol
 transfer-syntax-error), a subscription the node cannot serve a RICsubscriptionFailure with a cause,
-an invalid control a RICcontrolFailure (ricRequest control-message-invalid, or
+an invalid control a RICcontrolFailure (the cause the emulated DU gives, `control` / `rules`, or
 action-not-supported / ran-function-id-invalid).
 """
 from __future__ import annotations
