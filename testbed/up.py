@@ -946,7 +946,7 @@ def waterfall_line(wf: dict, top: int = 3) -> str:
     parts = ["weaver up: waterfall " + " > ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in st.items()) + " SM·s"]
     for leg in wf["legs"]:
         big = sorted(leg["causes_sm_s"].items(), key=lambda kv: -abs(kv[1]))[:top]
-        parts.append(f"{leg['from']}>{leg['to']} -{leg['lost_sm_s']:.0f}: "
+        parts.append(f"{leg['from']}>{leg['to']} {-leg['lost_sm_s']:+.0f}: "
                      + ", ".join(f"{c} {v:.0f}" for c, v in big))
     return "; ".join(parts)
 

@@ -734,7 +734,9 @@ def _decide(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs, actio
 def _account(state: LoopState, rt: SiteRuntime, est: DemandEstimate, **decision) -> None:
     """The decision's share of the utilisation waterfall (xapp.waterfall.GrantLedger.decided)."""
     s = rt.cfg
-    rt.waterfall.decided(period_s=state.cfg.period_s, gpu=s.gpu_sms, guard=rt.safety.guard_sms,
+    # the configured guard for every policy (the others size their margin into the grant itself), so that
+    # usable spare means the same whichever policy decides
+    rt.waterfall.decided(period_s=state.cfg.period_s, gpu=s.gpu_sms, guard=state.cfg.policy.guard_sms,
                          granularity=s.granularity, peak=est.peak, **decision)
 
 

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 # usable -> granted (the xApp's control loop)
 HEADROOM = "envelope-headroom"           # the envelope sized above this period's measured RAN peak (< 0: below it)
+POLICY_MARGIN = "policy-margin"          # a policy that sizes no envelope (static, reactive, oracle): its own margin
 HYSTERESIS = "hysteresis"                # the envelope held above what the policy wanted (hold periods, step down)
 UNACKED = "envelope-unacknowledged"      # the invariant: a grant grows only on an acknowledged tighter envelope
 QUOTA_IN_FLIGHT = "quota-caps-in-flight"
@@ -101,7 +102,7 @@ class GrantLedger:
             # the envelope the policy wanted, against this period's peak; other policies (no envelope
             # wanted) size their margin into the grant itself: all of it is their headroom
             at_want = floor_to(gpu - guard - wanted_env, g) if wanted_env is not None else wanted
-            parts[HEADROOM] = usable - at_want
+            parts[HEADROOM if wanted_env is not None else POLICY_MARGIN] = usable - at_want
             parts[HYSTERESIS] = at_want - wanted
             after_ceiling = min(wanted, ceiling) if ceiling is not None else wanted
             parts[UNACKED] = wanted - after_ceiling

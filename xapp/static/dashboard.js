@@ -309,7 +309,8 @@
     canvas.dataset.usedOverUsable = st.usable > 0 ? (st.used / st.usable).toFixed(3) : "";
     const parts = legs.filter((l) => l && l.causes_sm_s).map((l) => {
       const big = Object.entries(l.causes_sm_s).filter(([, v]) => isNum(v)).sort((a, b) => Math.abs(b[1]) - Math.abs(a[1])).slice(0, 3);
-      return `${l.from}>${l.to} -${fmt(l.lost_sm_s, 0)}: ${big.map(([k, v]) => `${k} ${fmt(v, 0)}`).join(", ") || "-"}`;
+      const lost = isNum(l.lost_sm_s) ? `${l.lost_sm_s >= 0 ? "-" : "+"}${fmt(Math.abs(l.lost_sm_s), 0)}` : "-";
+      return `${l.from}>${l.to} ${lost}: ${big.map(([k, v]) => `${k} ${fmt(v, 0)}`).join(", ") || "-"}`;
     });
     const key = (cause, color) => {
       const i = el("i");
