@@ -63,7 +63,8 @@ REFUSED = "refused"       # a lease the agent cannot run inside its SMs (LeaseRe
 IDLE_TICK_S = 0.05        # longest idle wait: bounds how stale the status and the mode loop get
 # First guesses of the CPU the agent's own host work takes (then learned, as a peak tracker): on a CPU-only
 # site that CPU is what the platform meters as the site's GPU, so it is reserved inside the lease first.
-HOST_WORK_GUESS_S = {"checkpoint": 0.02, "exchange": 0.015}
+# A first exchange may heal (fetch and load the global state from a peer: tens of ms), so it starts high.
+HOST_WORK_GUESS_S = {"checkpoint": 0.02, "exchange": 0.05}
 HOST_WORK_DECAY = 0.7
 MODE_EVERY_S = 1.0
 
@@ -307,8 +308,9 @@ class SiteAgent:
 
     def _wait(self, d: Idle) -> None:
         # On a CPU-only site the write is host CPU the platform meters as the site GPU: it waits for an idle
-        # moment inside a lease, where its reserve kept room for it (a site with no lease trains nothing new).
-        if self._checkpoint_due and (not self._charges_host() or self.enforcer.window is not None):
+        # moment inside a lease whose budget can hold it, where its reserve kept room for it (a site with no
+        # such lease trains nothing new; the shutdown checkpoint writes what is left).
+        if self._checkpoint_due and (not self._charges_host() or self._lease_holds("checkpoint")):
             cpu0 = time.process_time()
             self._checkpoint()
             self.learn_host("checkpoint", time.process_time() - cpu0)
@@ -510,6 +512,11 @@ class SiteAgent:
     def _charges_host(self) -> bool:
         """Host CPU counts against the lease: a CPU-only site training in the leased-device modes."""
         return self.device.kind == "cpu" and self.modes.device == GPU
+
+    def _lease_holds(self, kind: str) -> bool:
+        """The current lease's budget per period covers host work of `kind` (its learned CPU)."""
+        lease = self.enforcer.lease
+        return self.enforcer.window is not None and lease is not None and lease.budget_s >= self.host_work_s[kind]
 
     def reserve_host(self, kind: str, on: bool = True) -> None:
         """Host work of `kind` is about to run (on=False: it ran): on a CPU-only site its learned CPU is

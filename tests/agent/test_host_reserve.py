@@ -40,7 +40,11 @@ def test_a_due_checkpoint_is_reserved_and_waits_for_a_lease_on_a_cpu_site(tmp_pa
     assert agent.enforcer.host_reserve_s == agent.host_work_s["checkpoint"] > 0
     agent._wait(Idle(None, "no-lease"))              # no lease: nothing written
     assert agent._checkpoint_due and agent.last_checkpoint is None
-    agent.enforcer.on_lease(LeaseTerms("L", 1, 0.1, 10.0, 1.0, agent.clock()))
+    agent.enforcer.on_lease(LeaseTerms("Z", 0, 0.1, 10.0, 0.0, agent.clock()))
+    agent.enforcer.decide(agent.clock())
+    agent._wait(Idle(None, "zero-lease"))            # a zero lease holds no host work either
+    assert agent._checkpoint_due and agent.last_checkpoint is None
+    agent.enforcer.on_lease(LeaseTerms("L", 1, 0.1, 10.0, 1.0, agent.clock(), 0, 2))
     agent.enforcer.decide(agent.clock())
     agent._wait(Idle(None, "budget"))               # an idle moment inside the lease: written there
     assert not agent._checkpoint_due and agent.last_checkpoint is not None
