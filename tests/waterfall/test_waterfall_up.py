@@ -64,6 +64,9 @@ def run(tmp_path_factory, repo_root):
         assert url, "".join(lines)[-4000:]
         if chromium_path() is not None:
             page = asyncio.run(_watch(url, tmp / "profile", proc, lines))
+        else:
+            time.sleep(DURATION_S / 2)
+        scraped = asyncio.run(_scrape(url))       # mid-run: the REST waterfall and /metrics
         out, _ = proc.communicate(timeout=180)
         lines.append(out)
     finally:
@@ -72,7 +75,7 @@ def run(tmp_path_factory, repo_root):
             proc.communicate()
     text = "".join(lines)
     assert proc.returncode == 0, text[-4000:]
-    return json.loads(summary.read_text()), page, text
+    return json.loads(summary.read_text()), page, text, scraped
 
 
 async def _watch(url: str, profile: Path, proc, lines: list[str]) -> list | None:
@@ -93,8 +96,20 @@ async def _watch(url: str, profile: Path, proc, lines: list[str]) -> list | None
         await browser.close()
 
 
+async def _scrape(url: str) -> dict:
+    """The xApp's REST waterfall and its /metrics, one right after the other."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
+        async with s.get(url.rstrip("/") + "/api/v1/waterfall") as r:
+            rest = await r.json()
+        async with s.get(url.rstrip("/") + "/metrics") as r:
+            metrics = await r.text()
+    return {"rest": rest, "metrics": metrics}
+
+
 def test_every_leg_of_the_waterfall_adds_up_and_names_its_causes(run):
-    s, _, out = run
+    s, _, out, _ = run
     site = s["sites"]["site-0"]
     wf = site["waterfall"]
     st = wf["stages_sm_s"]
@@ -127,10 +142,29 @@ def test_every_leg_of_the_waterfall_adds_up_and_names_its_causes(run):
 def test_the_dashboard_draws_the_waterfall_of_every_site(run):
     if chromium_path() is None:
         pytest.fail("chromium is not installed (.ci/run installs the Debian chromium package)")
-    _, page, _ = run
+    _, page, _, _ = run
     assert page, "the dashboard never drew a waterfall"
     (card,) = page
     assert card["site"] == "site-0"
     assert card["stages"] == 4 and card["causes"] > 0 and card["ink"] > 500 and 0 < card["used"] <= 1, card
     assert re.search(r"usable \d+ > granted \d+ > held \d+ > used \d+", card["label"]), card
     assert card["keys"] and "SM·s lost" in card["text"], card
+
+
+def test_rest_and_metrics_serve_the_xapps_waterfall(run):
+    """GET /api/v1/waterfall (the xApp's own meters) adds up too, and /metrics carries its stages and causes."""
+    _, _, _, scraped = run
+    rest = scraped["rest"]
+    wf = rest["sites"]["site-0"]
+    st = wf["stages_sm_s"]
+    assert list(st) == ["usable", "granted", "held", "used"] and st["used"] > 0
+    for leg in wf["legs"]:
+        assert sum(leg["causes_sm_s"].values()) == pytest.approx(leg["lost_sm_s"], abs=1e-6), leg
+    assert rest["total"]["stages_sm_s"] == pytest.approx(st)
+    gauges = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^weaver_site_waterfall_sm_seconds\{site="site-0",stage="(\w+)"\} (\S+)$', scraped["metrics"], re.M)}
+    assert set(gauges) == set(st)
+    for k, v in st.items():   # read a moment later: at most a second of the run more
+        assert v <= gauges[k] <= v + 132 * 1.5, (k, v, gauges[k])
+    lost = re.findall(r'^weaver_site_waterfall_lost_sm_seconds\{cause="([^"]+)",site="site-0"\}', scraped["metrics"], re.M)
+    assert any(c.startswith("held-used/") for c in lost) and any(c.startswith("usable-granted/") for c in lost), lost
