@@ -30,6 +30,8 @@ from typing import Protocol
 import numpy as np
 
 CAP_HYSTERESIS_PCT = 5  # loosen PRB caps only by at least this many points (fewer RC controls)
+SLOT_S = 0.0005         # one NR slot at 30 kHz SCS: the unit the reliability target counts in
+WARMUP_PERIODS = 10     # per-period maxima needed before their spread is trusted (warmup_margin)
 
 
 class PolicyError(ValueError):
@@ -151,6 +153,35 @@ def ceil_to(x: float, step: int) -> int:
     return int(step * math.ceil(max(x, 0.0) / step - 1e-9))
 
 
+def envelope_grid(x: float, gpu_sms: int, step: int) -> int:
+    """The smallest envelope >= x that leaves the grant a whole number of partition steps: E = GPU - k steps.
+    Leases are cut in steps from the top of the GPU (C - E - guard, floored to the step), so an E on the
+    multiples of the step from 0 wastes C mod step SMs in every period (4 of 132 on a GH200 with 8-SM
+    steps: measured in every site-period of `weaver bench policies` scale)."""
+    if x >= gpu_sms:
+        return gpu_sms
+    return gpu_sms - floor_to(gpu_sms - x, step)
+
+
+def warmup_margin(tail: np.ndarray, slots_seen: float, target: float, step: int) -> float:
+    """SMs between the max of a window of per-period maxima and the (1 - target) per-slot quantile, while
+    the window holds fewer than 1/target slots (0 once it holds enough; one whole step while it holds
+    fewer than WARMUP_PERIODS periods, too few to tell their spread).
+
+    Block maxima: a period's max M over N slots has a Gumbel tail, P(M > x) ~ exp(-(x - mu) / beta), and a
+    slot exceeds x with probability ~ P(M > x) / N; the target asks P(M > x) <= target * N, i.e.
+    x = mu + beta ln(1 / (target N)), while the max of n periods lies near mu + beta ln(n). The gap is
+    beta ln(1 / (target n N)), with beta = std(M) sqrt(6) / pi (the moment estimate). Capped at one step,
+    the margin the policy used before it estimated any: a stable non-deferrable load (0.3 SMs of spread in
+    `scale`) no longer pays a whole step for a short window, an erratic one still does."""
+    if slots_seen * target >= 1:
+        return 0.0
+    if len(tail) < WARMUP_PERIODS:
+        return float(step)
+    beta = float(np.std(tail, ddof=1)) * math.sqrt(6.0) / math.pi
+    return min(float(step), beta * math.log(1.0 / (slots_seen * target)))
+
+
 def _no_info(obs: SiteObservation, envelope: int | None = None) -> SiteDecision:
     # RAN first: a grant never outlives the information it was based on.
     return SiteDecision(envelope_sms=envelope, grant_sms=0, reason="no fresh measurement: grant revoked")
@@ -219,10 +250,11 @@ class QuotaCost:
 class WeaverPolicy:
     """Shape, then grant (module doc). `target` is the per-slot miss probability the envelope must meet.
 
-    E = max(E_tail, E_drain), in partition steps:
+    E = max(E_tail, E_drain), rounded up onto the grid of the grant (`envelope_grid`):
     - E_tail covers the non-deferrable demand: the highest per-period `nondeferrable_max` over the
       window (a window of >= 1/target slots makes "the max" the empirical (1 - target) quantile of
-      per-slot demand), plus one step while the window is shorter than that;
+      per-slot demand), plus, while the window is shorter than that, the gap between its max and that
+      quantile (`warmup_margin`: extrapolated from the spread of the per-period maxima, at most one step);
     - E_drain lets best-effort drain: the window's high quantile of per-period mean offered demand over
       `drain_utilisation`, raised by a step at once when the added best-effort delay passes half its
       budget.
@@ -234,7 +266,10 @@ class WeaverPolicy:
     target: float = 1e-5
     window_periods: int = 600
     hold_periods: int = 50
-    drain_utilisation: float = 0.8
+    # E_drain's share of E that mean offered demand may fill. 0.8 measured worse in `weaver bench policies`
+    # heavy-small-gpu (mean offered 24-25.6 of 32 SMs): a load surge there blew the best-effort budget
+    # within one period, and each blow-up cost ~100 periods of no grant while E stepped back down.
+    drain_utilisation: float = 0.75
     cost: QuotaCost = QuotaCost()
     name: str = "weaver"
 
@@ -254,8 +289,8 @@ class WeaverPolicy:
             tail = np.append(tail, obs.nondeferrable_max)
         if not len(tail):
             tail = np.append(history.series("demand_max", self.window_periods), obs.demand_max)
-        slots_seen = len(tail) * obs.period_s / 0.0005
-        e_tail = float(tail.max()) + (g if slots_seen * self.target < 1 else 0)
+        slots_seen = len(tail) * obs.period_s / SLOT_S
+        e_tail = float(tail.max()) + warmup_margin(tail, slots_seen, self.target, g)
         mean = history.series("offered_mean", self.window_periods)
         if obs.offered_mean is not None:
             mean = np.append(mean, obs.offered_mean)
@@ -263,13 +298,16 @@ class WeaverPolicy:
             mean = np.append(history.series("demand_mean", self.window_periods), obs.demand_mean or 0.0)
         recent = mean[-max(1, int(round(1.0 / obs.period_s))):]  # last second: follows Markov surges
         e_drain = _quantile(recent, 0.99) / self.drain_utilisation
-        want = ceil_to(max(e_tail, e_drain), g)
+        want = envelope_grid(max(e_tail, e_drain), obs.gpu_sms, g)
         why = f"tail {e_tail:.1f} drain {e_drain:.1f}"
         last = history.last
         prev = last.sized_for_sms if last is not None else None
         if prev is not None:
             want, why = self._backlog_guard(obs, history, prev, want, why)
-        if prev is not None and want < prev:
+        # While a growing window is too short to estimate its spread the envelope is a placeholder (a
+        # whole step of margin): hysteresis, which keeps E from chasing load swings, starts after it.
+        warming = len(tail) <= WARMUP_PERIODS < self.window_periods
+        if prev is not None and want < prev and not warming:
             calm = 1  # this period, plus the trailing run of periods that also wanted less than prev
             for d in reversed(history.decisions):
                 if d.sized_for_sms != prev or d.wanted_sms is None or d.wanted_sms >= prev:
@@ -334,7 +372,7 @@ class WeaverPolicy:
         need = _quantile(loads, 0.9) / self.drain_utilisation
         k = (env - base) / (obs.n_cells * per_prb)
         if k < need:
-            env = ceil_to(base + obs.n_cells * need * per_prb, obs.granularity)
+            env = envelope_grid(base + obs.n_cells * need * per_prb, obs.gpu_sms, obs.granularity)
             if env >= obs.gpu_sms:
                 # Caps that let best-effort drain do not fit the GPU: lift them (RAN first) and grant nothing.
                 return tuple(CellCap(cell, 100) for cell in range(obs.n_cells)), obs.gpu_sms

@@ -6,6 +6,7 @@ import pytest
 
 from xapp.policy import (
     POLICIES,
+    WARMUP_PERIODS,
     OraclePolicy,
     PolicyError,
     QuotaCost,
@@ -14,7 +15,9 @@ from xapp.policy import (
     SiteObservation,
     StaticPolicy,
     WeaverPolicy,
+    envelope_grid,
     make_policy,
+    warmup_margin,
 )
 
 PERIOD = 0.1
@@ -68,16 +71,44 @@ def test_weaver_envelope_covers_the_nondeferrable_tail_and_drains_best_effort():
     # that best-effort bursts would cause (those get deferred).
     seq = [obs(t, dmax=90.0, dmean=20.0, nondef=30.0 + (t % 3)) for t in range(2100)]
     d = drive(p, seq)[-1]
-    assert d.envelope_sms == 32 and d.grant_sms == 88  # 132 - 32 - 8 -> 92 -> 88
-    assert d.sized_for_sms == 32
-    # A surge of mean offered demand lifts E for drainage: 0.99-quantile(60) / 0.8 = 75 -> 80.
+    # tail 32 -> E on the grant's grid (132 - 12 steps = 36): the grant is 132 - 36 - 8 = 88 exactly
+    assert d.envelope_sms == 36 and d.grant_sms == 88
+    assert d.sized_for_sms == 36
+    # A surge of mean offered demand lifts E for drainage: 0.99-quantile(60) / 0.75 = 80 -> 84 (132 - 6 steps).
     surge = drive(p, seq + [obs(2100 + t, dmax=90.0, dmean=60.0, nondef=31.0) for t in range(10)])[-1]
-    assert surge.envelope_sms == 80
+    assert surge.envelope_sms == 84
 
 
 def test_weaver_adds_a_step_while_its_history_is_too_short_to_resolve_the_target():
     d = drive(WeaverPolicy(), [obs(0, nondef=30.0, dmean=10.0)])[0]
-    assert d.envelope_sms == 40  # ceil8(30 + 8)
+    assert d.envelope_sms == 44  # 30 + one step = 38, onto the grid 132 - k * 8
+
+
+def test_weaver_envelope_grid_wastes_no_sms_of_the_grant():
+    # 132 SMs in 8-SM steps: an E on multiples of 8 from 0 left 4 SMs neither RAN nor training had.
+    for nondef in np.arange(10.0, 100.0, 0.7):
+        d = drive(WeaverPolicy(), [obs(t, nondef=float(nondef), dmean=10.0) for t in range(3)])[-1]
+        assert d.envelope_sms >= nondef + 8 and d.grant_sms == 132 - d.envelope_sms - 8
+        assert d.envelope_sms - (nondef + 8) < 8          # the smallest such E
+    assert envelope_grid(131.0, 132, 8) == 132 and envelope_grid(0.0, 132, 8) == 4
+    assert envelope_grid(40.0, 48, 8) == 40               # a GPU of whole steps: the same as before
+
+
+def test_weaver_warmup_margin_follows_the_spread_of_the_window():
+    # 0.1 s periods of 200 slots: 1e5 slots (500 periods) resolve 1e-5; until then a margin.
+    steady = np.full(40, 20.0) + np.tile([0.0, 0.3], 20)
+    erratic = np.full(40, 20.0) + np.tile([0.0, 9.0], 20)
+    slots = 40 * 200
+    assert warmup_margin(steady[:5], 5 * 200, 1e-5, 8) == 8.0      # too few periods to tell a spread
+    assert 0 < warmup_margin(steady, slots, 1e-5, 8) < 1.0          # beta ln(1/(1e-5 * 8000)) ~ 0.3
+    assert warmup_margin(erratic, slots, 1e-5, 8) == 8.0            # capped at the old whole step
+    assert warmup_margin(erratic, 100_000, 1e-5, 8) == 0.0          # the window resolves the target
+    # The policy: a steady non-deferrable load stops paying the whole step once its spread is known,
+    # and E comes down at once (no hold: the first E was a placeholder), then holds as usual.
+    seq = [obs(t, nondef=float(steady[t]), dmean=10.0) for t in range(40)]
+    env = [x.envelope_sms for x in drive(WeaverPolicy(hold_periods=50), seq)]
+    assert env[1:WARMUP_PERIODS - 1] == [36] * (WARMUP_PERIODS - 2)   # 20.3 + a step: 132 - 12 steps
+    assert env[WARMUP_PERIODS - 1:] == [28] * (40 - WARMUP_PERIODS + 1)  # 20.3 + 0.5: 132 - 13 steps
 
 
 def test_weaver_rises_at_once_and_falls_one_step_after_hold_periods():
@@ -86,14 +117,14 @@ def test_weaver_rises_at_once_and_falls_one_step_after_hold_periods():
     low = [obs(2000 + t, nondef=20.0, dmean=10.0) for t in range(40)]
     d = drive(p, high + low)
     env = [x.envelope_sms for x in d]
-    assert env[1999] == 64
+    assert env[1999] == 60          # 60 on the grid 132 - k * 8
     after = env[2000:]
     # The 5-period window still holds the high tail for a few periods; then calm periods are counted.
-    assert after[:15].count(64) >= 10
+    assert after[:15].count(60) >= 10
     assert all(b - a in (0, -8) for a, b in zip(after, after[1:], strict=False))  # one step at a time
-    assert after[-1] < 64
+    assert after[-1] < 60
     jump = drive(p, high[:2000] + [obs(3000, nondef=100.0, dmean=10.0)])[-1]
-    assert jump.envelope_sms == 104  # rises at once
+    assert jump.envelope_sms == 100  # rises at once
 
 
 def test_weaver_raises_the_envelope_when_best_effort_delay_passes_half_its_budget():
