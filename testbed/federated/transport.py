@@ -11,8 +11,9 @@ a site from the moment it is up; it is released after the transfer unless the si
 it follows within `reconfig_s` (keeping it is then cheaper than giving it back and setting it up
 again). A circuit that still points at a site needs no reconfiguration to serve it again. Nothing is
 ever placed before its earliest start, and the reconfiguration and transfer intervals of one circuit
-never overlap. A transfer that no circuit can finish by its deadline is still placed (the earliest
-finish) and flagged: a real controller would send it over packet transport instead.
+never overlap. A transfer that no circuit can finish by its deadline is not booked at all when
+`packet_fallback` is on (the default): it is returned as a fallback, for the site's packet backhaul,
+and takes no circuit time; with the fallback off it is placed at its earliest finish and flagged late.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class CircuitConfig:
     gbps: float = 10.0
     reconfig_s: float = 1e-3
     propagation_s: float = 2.5e-4   # ~50 km of metro fibre
+    packet_fallback: bool = True    # a transfer no circuit can deliver in time goes over packet instead
 
     def __post_init__(self) -> None:
         if self.n_circuits < 1:
@@ -53,8 +55,9 @@ class Placed:
     circuit: int
     start_s: float
     end_s: float          # last byte leaves the site
-    arrive_s: float       # last byte at the cloud
+    arrive_s: float       # last byte at the cloud (inf for a fallback: the packet path decides)
     on_time: bool
+    fallback: bool = False  # not booked: to be sent over packet transport (circuit -1)
 
 
 @dataclass
@@ -101,6 +104,10 @@ class CircuitSwitch:
             best = min(range(len(self.circuits)), key=lambda i: (self._plan(self.circuits[i], t)[1] + dur, i))
             c = self.circuits[best]
             setup, start, keep = self._plan(c, t)
+            if self.cfg.packet_fallback and start + dur + self.cfg.propagation_s > t.deadline_s + 1e-12:
+                out.append(Placed(key=t.key, circuit=-1, start_s=t.earliest_s, end_s=t.earliest_s,
+                                  arrive_s=float("inf"), on_time=False, fallback=True))
+                continue
             if not keep:
                 self._release(c)
                 reconf = start - setup if c.site != t.site else 0.0

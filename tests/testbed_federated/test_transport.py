@@ -20,10 +20,11 @@ def announcements(seed: int, n: int, sites: int) -> list[Transfer]:
     return out
 
 
+@pytest.mark.parametrize("fallback", [True, False])
 @pytest.mark.parametrize("seed,circuits,reconfig_s", [(0, 1, 1e-3), (1, 2, 25e-3), (2, 3, 10e-6), (3, 2, 0.0),
                                                       (4, 1, 0.2)])
-def test_schedule_never_overlaps_and_never_starts_early(seed, circuits, reconfig_s):
-    cfg = CircuitConfig(n_circuits=circuits, gbps=10.0, reconfig_s=reconfig_s)
+def test_schedule_never_overlaps_and_never_starts_early(seed, circuits, reconfig_s, fallback):
+    cfg = CircuitConfig(n_circuits=circuits, gbps=10.0, reconfig_s=reconfig_s, packet_fallback=fallback)
     sw = CircuitSwitch(cfg)
     tr = announcements(seed, 120, sites=3)
     # in three batches, as a controller reading the announcements round after round would
@@ -35,15 +36,23 @@ def test_schedule_never_overlaps_and_never_starts_early(seed, circuits, reconfig
     for p in placed:
         t = t_by_key[p.key]
         assert p.start_s >= t.earliest_s
+        if p.fallback:  # left to packet transport: no circuit time at all
+            assert fallback and p.circuit == -1 and not p.on_time
+            continue
         assert p.end_s - p.start_s == pytest.approx(t.nbytes * 8 / 10e9)
         assert p.on_time == (p.arrive_s <= t.deadline_s + 1e-12)
+        assert p.on_time or not fallback  # with the fallback on, a booked circuit always delivers in time
+    n_booked = sum(1 for p in placed if not p.fallback)
+    assert sum(1 for iv in sw.intervals if iv[3] == "transfer") == n_booked
+    if reconfig_s == 0.2:
+        assert any(p.fallback for p in placed) == fallback and any(not p.on_time for p in placed)
     for c in range(circuits):
         ivs = sorted((s, e) for cc, s, e, _ in sw.intervals if cc == c)
         for (s0, e0), (s1, e1) in zip(ivs, ivs[1:], strict=False):
             assert s1 >= e0 - 1e-12, f"circuit {c}: [{s0}, {e0}] overlaps [{s1}, {e1}]"
     # a booking is held from up to release and carries at most that long
     assert all(b.release_s >= b.up_s and b.busy_s <= b.release_s - b.up_s + 1e-12 for b in books)
-    assert sum(b.busy_s for b in books) == pytest.approx(sum(p.end_s - p.start_s for p in placed))
+    assert sum(b.busy_s for b in books) == pytest.approx(sum(p.end_s - p.start_s for p in placed if not p.fallback))
 
 
 def test_idle_circuit_is_set_up_just_in_time_and_released_after():
