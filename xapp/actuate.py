@@ -125,12 +125,6 @@ class ControlResult:
     cause: str = ""
     requestor: int = CONTROL_REQUESTOR   # RIC requestor ID the node echoed
 
-    @property
-    def control_id(self) -> int:
-        """The instance ID, for callers that match by it as before issue 15 (with no subscription to route
-        by, the loop still puts `control_id & 0xffff` there); `xapp.loop.reply_owner` matches either."""
-        return self.instance
-
 
 def parse_control_reply(payload: bytes) -> ControlResult:
     """12041/12042 payload -> ControlResult; E2DecodeError or ValueError for anything else."""

@@ -160,6 +160,22 @@ def supported_measurements(definition: bytes, version: KpmVersion) -> frozenset[
     return frozenset(style.meas_names) if style is not None and style.meas_names else None
 
 
+def kpm_request(cfg: XappConfig, node: E2Node) -> tuple[KpmVersion, tuple[MeasInfo, ...], bytes, bytes]:
+    """What the xApp asks a node's KPM function for: (version, measurements, event trigger, action
+    definition) -- the version `e2.kpm_version_override` names for the node, else its OID's. The bench's
+    nodes are subscribed by this too (testbed.bench.liveloop)."""
+    kpm = node.kpm
+    override = cfg.e2.kpm_version_override.get(node.meid)
+    version = {"v2.03": KpmVersion.V2_03, "v3.00": KpmVersion.V3_00, "v4.00": KpmVersion.V4_00}[override] if override else \
+        kpm_version_from_oid(kpm.oid)
+    site = cfg.site_of(node.meid)
+    meas = kpm_measurements(cfg, site.site_id, supported_measurements(kpm.definition, version))
+    trigger = encode_event_trigger(KpmEventTrigger(cfg.period_ms), version)
+    action = encode_action_definition(KpmActionDefinition(1, ActionDefFormat1(meas, cfg.period_ms)), version) \
+        if meas else b""
+    return version, meas, trigger, action
+
+
 # /health/ready gates on the RMR endpoint and SDL only, as both OSC frameworks do. The rest is reported:
 # - subscriptions: the xapp-std chart's Services have no publishNotReadyAddresses, so a pod that is not
 #   ready gets neither SubMgr's notification, rtmgr's routes nor e2term's indications; waiting for them
@@ -475,19 +491,14 @@ class XappApp:
 
     def _spec(self, node: E2Node, xid: int) -> tuple[SubscriptionSpec, KpmVersion, tuple[MeasInfo, ...]]:
         kpm = node.kpm
-        override = self.cfg.e2.kpm_version_override.get(node.meid)
-        version = {"v2.03": KpmVersion.V2_03, "v3.00": KpmVersion.V3_00}[override] if override else \
-            kpm_version_from_oid(kpm.oid)
+        version, meas, trigger, action = kpm_request(self.cfg, node)
         site = self.cfg.site_of(node.meid)
-        supported = supported_measurements(kpm.definition, version)
-        meas = kpm_measurements(self.cfg, site.site_id, supported)
         if not meas:
             raise SubmgrError(f"{node.meid} supports none of the configured KPM measurements")
-        if supported is not None and len(meas) < len(kpm_measurements(self.cfg, site.site_id)):
+        if len(meas) < len(kpm_measurements(self.cfg, site.site_id)) and \
+                supported_measurements(kpm.definition, version) is not None:
             log.info("%s: asking for %s (the rest is not in its RAN function description)", node.meid,
                      ", ".join(str(m.name) for m in meas))
-        trigger = encode_event_trigger(KpmEventTrigger(self.cfg.period_ms), version)
-        action = encode_action_definition(KpmActionDefinition(1, ActionDefFormat1(meas, self.cfg.period_ms)), version)
         spec = SubscriptionSpec(meid=node.meid, ran_function_id=kpm.ran_function_id, xapp_event_instance_id=xid,
                                 event_trigger=trigger, actions=(ActionSpec(action_id=1, definition=action),))
         return spec, version, meas
@@ -836,12 +847,6 @@ class XappApp:
         inputs = Inputs(samples=tuple(self.samples), results=tuple(self.results), agents=agents,
                         lost_nodes=frozenset(self.lost_nodes), releases=tuple(self.releases))
         self.samples, self.results, self.releases = [], [], []
-        results = {}
-        for r in inputs.results:       # the loop matches them the same way (xapp.loop.reply_owner)
-            cid = reply_owner(self.state, r)
-            if cid is not None:
-                results.setdefault(cid, r)
-        pending = dict(self.state.pending)
         now = self.now()
         if self.recorder is not None:
             self.recorder.before(self.state)
@@ -850,13 +855,8 @@ class XappApp:
         self.metrics.stepped(self.state, now, time.perf_counter() - t0)
         if self.recorder is not None:
             self.recorder.after(self.state, now, inputs, actions)
-        for cid, r in results.items():
-            p = pending.get(cid)
-            if p is not None:
-                self._control_done(p.control, "ack" if r.ok else f"failure {r.cause}")
-        for cid, p in pending.items():
-            if cid not in self.state.pending and cid not in results:
-                self._control_done(p.control, "timeout")
+        for c, outcome in self.state.settled:      # the replies and timeouts as the loop matched them
+            self._control_done(c, outcome)
         for a in actions:
             await self._perform(a)
 

@@ -8,10 +8,15 @@ import numpy as np
 import pytest
 
 import xapp.loop as xloop
+from e2sm.e2ap import decode_e2ap
+from e2sm.kpm import KpmVersion
 from testbed import scenarios
 from testbed.bench import policies as bench
-from testbed.bench.liveloop import replay_trace, xapp_config
+from testbed.bench.liveloop import LiveLoop, replay_trace, xapp_config
+from testbed.model import RanModel
 from xapp.loop import GrantLease, RevokeLease, SendControl
+from xapp.rnib import E2Node as NodeInfo
+from xapp.rnib import RanFunction
 
 P = 40
 
@@ -87,3 +92,30 @@ def test_a_loop_that_decides_nothing_leaves_every_arm_with_nothing(sc, monkeypat
     for policy, knob in (("static", 48), ("reactive", 16)):
         grants, _ = replay_trace(xapp_config(sc, policy, knob), sc, rec.trace, 0.015)
         assert grants.sum() == 0
+
+
+def test_the_bench_subscribes_as_the_xapp_does_kpm_version_override_included(sc):
+    # The bench's nodes are subscribed by xapp.app.kpm_request, as XappApp._spec subscribes live nodes: a
+    # node pinned to KPM v2.03 by e2.kpm_version_override is asked (and decoded) in v2.03, not in its OID's.
+    from xapp.app import kpm_request
+    from xapp.config import XappConfig
+
+    base = xapp_config(sc, "weaver", 8, "auto", bench.quota_cost(sc))
+    meid = base.sites[0].nodes[0]
+    c = dict(base.controls)
+    c["e2"] = dict(c["e2"], kpm_version_override={meid: "v2.03"})
+    cfg = XappConfig.from_controls(c)
+    live = LiveLoop(cfg, sc, RanModel(sc, 3, track_delay=False))
+    versions = {s.meid: s.version for s in live.ingest.subs.values()}
+    assert versions[meid] == KpmVersion.V2_03 and set(versions.values()) == {KpmVersion.V2_03, KpmVersion.V3_00}
+    node = next(n for n in live.nodes if n.config.inventory_name == meid)
+    info = NodeInfo(meid=meid, connected=True, functions=tuple(
+        RanFunction(ran_function_id=f.ran_function_id, oid=f.oid, definition=f.definition)
+        for f in decode_e2ap(node.setup_request().payload).ran_functions))
+    assert kpm_request(cfg, info)[0] == KpmVersion.V2_03
+    # The testbed node speaks its OID's v3.00, so the pin is wrong for it: the loop decodes its frames as
+    # v2.03 and refuses every one (version mismatch), as weaver-xapp with this config would; its site gets
+    # no grant, the others decide as usual.
+    run = bench.simulate(sc, 3, 10, cfg, track_delay=False)
+    assert run.tally.kpm_refused == 10
+    assert run.grants[:, 0].sum() == 0 and run.grants[2:, 1:].min() > 0
