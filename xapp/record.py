@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import asdict
 from typing import Any
 
@@ -160,14 +161,21 @@ def decisions_json(state: LoopState, now: float) -> dict:
 # ----------------------------------------------------------------------------- the recorder
 
 
+FLUSH_LINES = 64        # lines buffered before a write (a loop step is ~1-10 kB of JSON)
+FLUSH_S = 1.0           # ... or this long: a SIGKILLed xApp loses at most a second of its record
+
+
 class LoopRecorder:
     """Appends one JSON line per loop step to `path` (xapp.app calls `begin` once, then `before` and
-    `after` around every step)."""
+    `after` around every step). Lines are written in batches (`FLUSH_LINES` or `FLUSH_S`, and on
+    `close`), not one write and flush per step."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.f = open(path, "w", encoding="utf-8")     # noqa: SIM115 - held for the xApp's lifetime
         self.lines = 0
+        self._buf: list[str] = []
+        self._flushed = time.monotonic()
         self._snap: dict | None = None
         self._cfg: Any = None
         self._ext: dict = {}
@@ -176,12 +184,28 @@ class LoopRecorder:
         if self.f is None:
             return
         try:
-            self.f.write(json.dumps(obj, separators=(",", ":")) + "\n")
-            self.f.flush()          # a SIGKILLed xApp keeps what it recorded
-            self.lines += 1
-        except (OSError, ValueError, TypeError) as exc:
+            self._buf.append(json.dumps(obj, separators=(",", ":")) + "\n")
+        except (ValueError, TypeError) as exc:
             log.error("recording to %s stopped: %s", self.path, exc)
             self.close()
+            return
+        self.lines += 1
+        if len(self._buf) >= FLUSH_LINES or time.monotonic() - self._flushed >= FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.f is None:
+            return
+        try:
+            self.f.write("".join(self._buf))
+            self.f.flush()
+        except (OSError, ValueError) as exc:
+            log.error("recording to %s stopped: %s", self.path, exc)
+            self._buf.clear()
+            self.close()
+            return
+        self._buf.clear()
+        self._flushed = time.monotonic()
 
     def begin(self, state: LoopState, cost_models: dict | None) -> None:
         self._write({"kind": "start", "t": state.started, "controls": state.cfg.controls,
@@ -201,8 +225,11 @@ class LoopRecorder:
 
     def close(self) -> None:
         if self.f is not None:
+            if self._buf:
+                self.flush()
             f, self.f = self.f, None
-            f.close()
+            if f is not None:
+                f.close()
 
 
 def read_record(path: str) -> tuple[dict, list[dict]]:
