@@ -407,7 +407,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         flag = "--" + name.replace("_", "-")
         typ = int if name in ("rounds", "ues_per_cell", "local_steps", "circuits", "pretrain_steps", "seed",
                               "max_aggregate_bytes") else str if name == "compression" else float
-        p.add_argument(flag, type=typ, default=default)
+        extra = {"choices": ("fp32", "fp16", "topk")} if name == "compression" else {}
+        p.add_argument(flag, type=typ, default=default, **extra)
     p.add_argument("--json", default=None, help="write the full result here")
     p.add_argument("--plot", default="federated_occupancy.png", help="circuit occupancy plot (PNG)")
 
