@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 from pathlib import Path
 
 
@@ -13,8 +14,14 @@ class LearnerError(RuntimeError):
 
 class Learner:
     def __init__(self, python: Path, cwd: Path):
+        # stderr (library warnings, a traceback if it dies) goes to a file, quoted when the worker fails
+        self.stderr = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([str(python), "-m", "agent.federated.worker"], cwd=cwd, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr)
+
+    def _tail(self) -> str:
+        self.stderr.seek(0)
+        return "".join(self.stderr.readlines()[-15:])
 
     def call(self, op: str, **req) -> dict:
         try:
@@ -22,9 +29,9 @@ class Learner:
             self.proc.stdin.flush()
             line = self.proc.stdout.readline()
         except (BrokenPipeError, OSError) as exc:
-            raise LearnerError(f"learning worker gone: {exc}") from None
+            raise LearnerError(f"learning worker gone: {exc}\n{self._tail()}") from None
         if not line:
-            raise LearnerError(f"learning worker exited with {self.proc.wait()}")
+            raise LearnerError(f"learning worker exited with {self.proc.wait()}:\n{self._tail()}")
         reply = json.loads(line)
         if not reply.get("ok"):
             raise LearnerError(f"learning worker: {reply.get('error')}")
@@ -38,3 +45,4 @@ class Learner:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.stderr.close()
