@@ -54,6 +54,8 @@ class BenchConfig:
     transport_budget_s: float = 0.2  # the gNB closes its aggregate this long before the deadline
     ues_per_cell: int = 32
     local_steps: int = 3
+    n_embd: int = 64                 # the LM's width (agent.federated.lm.LMConfig)
+    lora_rank: int = 4
     compression: str = "fp16"
     max_aggregate_bytes: int | None = None
     circuits: int = 1
@@ -169,6 +171,7 @@ def run_bench(cfg: BenchConfig, agent_python, root, log=print) -> dict:
     learners = {"gnb": Learner(agent_python, root), "packet": Learner(agent_python, root)}
     rest = _Rest()
     init = dict(seed=cfg.seed, n_ues=M, sites=[site_name[i] for i in range(M)],
+                lm={"n_embd": cfg.n_embd, "lora_rank": cfg.lora_rank},
                 local={"steps": cfg.local_steps}, compression={"encoding": cfg.compression},
                 aggregator={"max_bytes": cfg.max_aggregate_bytes}, pretrain_steps=cfg.pretrain_steps)
     try:
@@ -406,7 +409,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for name, default in asdict(d).items():
         flag = "--" + name.replace("_", "-")
         typ = int if name in ("rounds", "ues_per_cell", "local_steps", "circuits", "pretrain_steps", "seed",
-                              "max_aggregate_bytes") else str if name == "compression" else float
+                              "max_aggregate_bytes", "n_embd", "lora_rank") else str if name == "compression" else float
         extra = {"choices": ("fp32", "fp16", "topk")} if name == "compression" else {}
         p.add_argument(flag, type=typ, default=default, **extra)
     p.add_argument("--json", default=None, help="write the full result here")
