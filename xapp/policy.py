@@ -9,11 +9,12 @@ objects run in the xApp's control loop and in `weaver bench policies`.
 Policies (architecture.md, Policy; compute-and-training-facts.md section 4.2):
 - `static`   reserve a fixed RAN share (tuned on a calibration trace to the miss target); grant the rest.
 - `reactive` no shaping; grant what the last period left free (its max demand) minus a margin.
-- `weaver`   shape, then grant. Choose the site envelope E (in partition steps) from the tail of the
-             demand the RAN cannot defer (fixed costs + protected slice) and the best-effort work that must
-             still drain inside its delay budget; never a sum of per-cell worst cases. Grant
-             C - E - guard, rounded down to the granularity. E rises at once and falls only after
-             `hold_periods` calm periods (hysteresis: fewer controls, fewer repartitions).
+- `weaver`   shape, then grant. Choose the site envelope E (in partition steps down from the GPU's top)
+             from the tail of the demand the RAN cannot defer (fixed costs + protected slice) and the
+             best-effort work that must still drain inside its delay budget; never a sum of per-cell worst
+             cases. Grant C - E - guard, rounded down to the granularity. E rises at once and, after its
+             first WARMUP_PERIODS, falls only after `hold_periods` calm periods (hysteresis: fewer controls,
+             fewer repartitions).
              Actuation `envelope`: the node's compute-aware MAC keeps demand <= E slot by slot.
              Actuation `quota`: per-cell best-effort PRB caps (RC Style 2 Action 6) sized so that the site
              demand stays <= E even when every cell fills its cap in the same slot.
