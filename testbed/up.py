@@ -94,8 +94,10 @@ class UpConfig:
     # The guard covers what an agent may run beyond its lease (the RAN-first sum). The testbed's agents are
     # CPU stand-ins whose whole process CPU counts as SMs, host threads included (gRPC, cross-site rounds):
     # measured beyond the held lease up to ~18-23 SMs in a period, so one partition step (8) is too little
-    # once the envelope sits on measured offered demand; three steps.
-    guard_sms: int = 24
+    # once the envelope sits on measured offered demand; three steps were enough while the policy's warm-up
+    # kept a whole step above the non-deferrable peaks, four since it sizes that margin from their spread
+    # (issue 14: E 20 instead of 24 SMs here; with 24, 4 of 5 30 s runs had 30-160 training-caused misses).
+    guard_sms: int = 32
     cross_site: bool = True
     # Coarse rounds: the transfer window (15 %) and the quorum are idle compute, and 3 agents + the
     # Lighthouse share a few cores here. The Lighthouse's timeouts derive from it (heartbeat R/2, join 1.5 R).
