@@ -64,7 +64,8 @@ IDLE_TICK_S = 0.05        # longest idle wait: bounds how stale the status and t
 # First guesses of the CPU the agent's own host work takes (then learned, as a peak tracker): on a CPU-only
 # site that CPU is what the platform meters as the site's GPU, so it is reserved inside the lease first.
 # A first exchange may heal (fetch and load the global state from a peer: tens of ms), so it starts high.
-HOST_WORK_GUESS_S = {"checkpoint": 0.02, "exchange": 0.05}
+HOST_WORK_GUESS_S = {"checkpoint": 0.01, "exchange": 0.05}
+DEFERRABLE_HOST_WORK = ("checkpoint",)   # waits for a lease that holds it; an exchange runs regardless
 HOST_WORK_DECAY = 0.7
 MODE_EVERY_S = 1.0
 
@@ -250,6 +251,7 @@ class SiteAgent:
         c = self.config.train
         with self._lock:
             self._note_host_cpu()
+            self._apply_host_reserve()        # against the lease held now
             d = self.enforcer.decide(self.clock(), self.trainer.pending_samples, c.step_samples)
         if not isinstance(d, Idle):
             self.metrics.launched(self.clock())   # the first leased work, a micro-batch or a step
@@ -525,7 +527,18 @@ class SiteAgent:
             self._host_reserved[kind] = self.host_work_s[kind]
         else:
             self._host_reserved.pop(kind, None)
-        self.enforcer.host_reserve_s = sum(self._host_reserved.values()) if self._charges_host() else 0.0
+        self._apply_host_reserve()
+
+    def _apply_host_reserve(self) -> None:
+        """The enforcer's reserve for the host work about to run, against the lease held now: deferrable
+        work only where the lease's budget holds it (it waits for such a lease, so reserving it in a smaller
+        one would only stop training), other work (an exchange in flight) up to the whole budget."""
+        lease = self.enforcer.lease
+        budget = lease.budget_s if lease is not None and self._charges_host() else 0.0
+        reserve = 0.0
+        for kind, cost in self._host_reserved.items():
+            reserve += (cost if cost <= budget else 0.0) if kind in DEFERRABLE_HOST_WORK else min(cost, budget)
+        self.enforcer.host_reserve_s = reserve
 
     def learn_host(self, kind: str, cpu_s: float) -> None:
         """What host work of `kind` took this time (peak tracker: a larger one is expected at once)."""

@@ -37,17 +37,32 @@ def test_a_due_checkpoint_is_reserved_and_waits_for_a_lease_on_a_cpu_site(tmp_pa
     agent = _agent(tmp_path)
     agent._checkpoint_due = True
     agent.reserve_host("checkpoint")
-    assert agent.enforcer.host_reserve_s == agent.host_work_s["checkpoint"] > 0
+    assert agent.enforcer.host_reserve_s == 0.0      # no lease to reserve it in
     agent._wait(Idle(None, "no-lease"))              # no lease: nothing written
     assert agent._checkpoint_due and agent.last_checkpoint is None
     agent.enforcer.on_lease(LeaseTerms("Z", 0, 0.1, 10.0, 0.0, agent.clock()))
     agent.enforcer.decide(agent.clock())
     agent._wait(Idle(None, "zero-lease"))            # a zero lease holds no host work either
     assert agent._checkpoint_due and agent.last_checkpoint is None
-    agent.enforcer.on_lease(LeaseTerms("L", 1, 0.1, 10.0, 1.0, agent.clock(), 0, 2))
+    agent.enforcer.on_lease(LeaseTerms("S", 1, 0.1, 10.0, 0.05, agent.clock(), 0, 2))   # 5 ms: too small
+    agent._apply_host_reserve()
+    assert agent.enforcer.host_reserve_s == 0.0      # reserving it there would only stop training
+    agent.enforcer.on_lease(LeaseTerms("L", 1, 0.1, 10.0, 1.0, agent.clock(), 0, 3))
+    agent._apply_host_reserve()
+    assert agent.enforcer.host_reserve_s == agent.host_work_s["checkpoint"] > 0
     agent.enforcer.decide(agent.clock())
     agent._wait(Idle(None, "budget"))               # an idle moment inside the lease: written there
     assert not agent._checkpoint_due and agent.last_checkpoint is not None
+    assert agent.enforcer.host_reserve_s == 0.0
+
+
+def test_an_exchange_in_flight_reserves_up_to_the_whole_budget(tmp_path):
+    agent = _agent(tmp_path)
+    agent.enforcer.on_lease(LeaseTerms("L", 1, 0.1, 10.0, 0.2, agent.clock()))      # 20 ms
+    agent.host_work_s["exchange"] = 0.05
+    agent.reserve_host("exchange")
+    assert agent.enforcer.host_reserve_s == pytest.approx(0.02)
+    agent.reserve_host("exchange", False)
     assert agent.enforcer.host_reserve_s == 0.0
 
 
