@@ -200,6 +200,8 @@ def build_config(args):
     for flag in ("device", "cores", "checkpoint_dir", "inspect_addr", "metrics_addr"):
         if getattr(args, flag) is not None:
             cfg = replace(cfg, **{flag: getattr(args, flag)})
+    if getattr(args, "phase", None) is not None:
+        cfg = replace(cfg, enforcer=replace(cfg.enforcer, phase_fraction=args.phase))
     return cfg
 
 
@@ -270,6 +272,8 @@ def make_parser() -> argparse.ArgumentParser:
                           "WEAVER_AGENT_TOKEN, since every process's argv is visible in ps")
     run.add_argument("--mode", choices=["cpu", "cpu_preferred", "gpu_preferred", "gpu"])
     run.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    run.add_argument("--phase", type=float, help="where in each period leased work starts (share of the "
+                     "period; CPU stand-ins sharing a host are staggered)")
     run.add_argument("--cores", type=float, help="CPU cores the site GPU stands for (fractional: a share of one)")
     run.add_argument("--checkpoint-dir")
     run.add_argument("--inspect-addr", help="localhost address for AgentInspect (port 0 = any free port)")

@@ -54,6 +54,10 @@ class EnforcerConfig:
     min_micro_batch: int = 1
     max_micro_batch: int = 64
     fixed_micro_batch: int = 0    # >0: baseline policy, launch this size whenever any budget remains
+    # Where in each period leased work starts, as a share of the period (as late as still leaves room for
+    # the budget). 0 on a DU (its GPU is its own); CPU stand-ins sharing one host's cores are staggered,
+    # or they all compute at the start of every period and preempt each other (`weaver up` sets it).
+    phase_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.safety <= 1.0:
@@ -70,6 +74,8 @@ class EnforcerConfig:
             raise ValueError(f"EnforcerConfig.fixed_micro_batch must be >= 0, got {self.fixed_micro_batch}")
         if not 0.0 <= self.tail_quantile < 1.0:
             raise ValueError(f"EnforcerConfig.tail_quantile must be in [0, 1), got {self.tail_quantile}")
+        if not 0.0 <= self.phase_fraction < 1.0:
+            raise ValueError(f"EnforcerConfig.phase_fraction must be in [0, 1), got {self.phase_fraction}")
 
 
 @dataclass(frozen=True)

@@ -485,6 +485,12 @@ class BudgetEnforcer:
         if lease.budget_s <= 0:
             return Idle(min(w.end, lease.expires_at), "zero-lease")
         lease_end = min(w.end, lease.expires_at)
+        if self.config.phase_fraction and w.busy_s == 0:
+            # staggered: the window's work starts at its phase, no later than still leaves the budget room
+            start_at = w.start + max(0.0, min(self.config.phase_fraction * lease.period_s,
+                                              lease.period_s - 1.25 * lease.budget_s))
+            if now < start_at:
+                return Idle(min(start_at, lease_end), "phase")
         hard_end = lease_end if self.deadline is None else min(lease_end, self.deadline)
         budget = self.busy_budget(w)
         remaining = min(budget - w.busy_s, hard_end - now)

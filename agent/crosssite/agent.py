@@ -96,7 +96,7 @@ class CrossSiteAgent(SiteAgent):
                 tier.poll()                    # merge a round that has landed (calls _on_round)
                 if landed:
                     self._exchange_done()
-            if tier.due() and not self.stop_event.is_set():
+            if tier.due() and not self.stop_event.is_set() and self._exchange_fits():
                 # The exchange's CPU (quorum, all-reduces, outer step, other threads) is host work: reserved
                 # in the lease first (see SiteAgent.reserve_host), learned from the process CPU beyond
                 # this thread's while it was in flight.
@@ -106,6 +106,16 @@ class CrossSiteAgent(SiteAgent):
         except Exception as exc:  # noqa: BLE001 - quorum / collective failures: the next round retries
             self._exchange_done()
             self._tier_failed("round failed", exc, tier.config.round_s)
+
+    def _exchange_fits(self) -> bool:
+        """On a CPU-only site an exchange begins where the current window's unspent budget can still hold
+        its reserve (at the latest the next window's start, a period later): begun after the window's work,
+        its CPU would run beyond the lease. Without a lease there is nothing to hold it in."""
+        w, lease = self.enforcer.window, self.enforcer.lease
+        if not self._charges_host() or w is None or lease is None or lease.budget_s <= 0:
+            return True
+        budget = self.enforcer.busy_budget(w)
+        return w.busy_s == 0 or budget - w.busy_s >= min(self.host_work_s["exchange"], budget) - 1e-9
 
     def _exchange_done(self) -> None:
         mark, self._exchange_mark = self._exchange_mark, None

@@ -81,3 +81,31 @@ def test_learned_host_work_follows_a_peak():
     assert cost["exchange"] == 0.03                 # a larger one at once
     agent.learn_host("exchange", 0.0)
     assert 0.0 < cost["exchange"] < 0.03            # then forgotten slowly
+
+
+def test_an_exchange_begins_where_the_window_can_still_hold_it(tmp_path):
+    from agent.crosssite.agent import CrossSiteAgent
+    cfg = tiny_cpu()
+    cfg = replace(cfg, modes=replace(cfg.modes, mode="gpu"), checkpoint_dir=str(tmp_path / "ckpt"))
+    agent = CrossSiteAgent(cfg, device=cpu_facts(1))
+    assert agent._exchange_fits()                                   # no lease: nothing to hold it in
+    agent.enforcer.on_lease(LeaseTerms("L", 1, 0.1, 10.0, 0.2, agent.clock()))   # 20 ms a period
+    agent.enforcer.decide(agent.clock())
+    agent.host_work_s["exchange"] = 0.005
+    assert agent._exchange_fits()                                   # the window's work has not started
+    agent.enforcer.window.busy_s = 0.018                            # its work is done: 2 ms left
+    assert not agent._exchange_fits()
+    agent.enforcer.window.busy_s = 0.01
+    assert agent._exchange_fits()
+
+
+def test_a_phase_staggers_the_window_s_work_but_keeps_room_for_its_budget():
+    from agent.enforcer import Launch
+    enf = BudgetEnforcer(EnforcerConfig(phase_fraction=0.5))
+    enf.on_lease(LeaseTerms("L", 1, 0.1, 10.0, 0.2, 0.0))          # 20 ms of each 100 ms period
+    d = enf.decide(0.0, 0, 1)
+    assert isinstance(d, Idle) and d.reason == "phase" and d.until == pytest.approx(0.05)
+    assert isinstance(enf.decide(0.05, 0, 1), Launch)
+    late = BudgetEnforcer(EnforcerConfig(phase_fraction=0.9))
+    late.on_lease(LeaseTerms("L", 1, 0.1, 10.0, 0.6, 0.0))         # 60 ms: starts by 25 ms, not 90
+    assert late.decide(0.0, 0, 1).until == pytest.approx(0.025)
