@@ -35,7 +35,8 @@ SERVICE = "weaver.v1.LeaseBroker"
 REGISTER_TIMEOUT_S = 10.0
 REFUSALS_LOGGED = 5         # refused usage reports logged per session before going quiet (then every 1000th)
 _CLOSE = object()
-_CODES = {"unauthenticated": grpc.StatusCode.UNAUTHENTICATED, "already_exists": grpc.StatusCode.ALREADY_EXISTS}
+_CODES = {"unauthenticated": grpc.StatusCode.UNAUTHENTICATED, "already_exists": grpc.StatusCode.ALREADY_EXISTS,
+          "failed-precondition": grpc.StatusCode.FAILED_PRECONDITION}
 
 
 class _Session:
@@ -204,6 +205,10 @@ class LeaseBroker:
                 raise BadRequest(f"first message must be register, got {first.WhichOneof('body')}")
             reg = check_register(first.register, {s.site_id for s in self.cfg.sites}, self.cfg.broker.secret(),
                                  self._metadata_token(context))
+            want = self.cfg.broker.job
+            if want and reg.job != want:
+                raise BadRequest(f"register.job: site {reg.site_id!r} trains {want!r} (broker.job), the agent "
+                                 f"registered {reg.job[:200]!r}", code="failed-precondition", reason="wrong-job")
             sid, old = self.book.connect(reg, self.now())
         except (StopAsyncIteration, TimeoutError):
             return

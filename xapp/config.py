@@ -133,6 +133,9 @@ class BrokerConfig:
     heartbeat_ms: int = 1000
     agent_timeout_heartbeats: int = 3
     lighthouse_addr: str = ""
+    # The training job every site's agent must run (package.module:factory, as it registers it); "" = any.
+    # An agent registering another job is refused before it is leased anything.
+    job: str = ""
     round_ms: int = 30000
     round_epoch_ms: int = 0
 
