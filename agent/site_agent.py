@@ -63,8 +63,10 @@ REFUSED = "refused"       # a lease the agent cannot run inside its SMs (LeaseRe
 IDLE_TICK_S = 0.05        # longest idle wait: bounds how stale the status and the mode loop get
 # First guesses of the CPU the agent's own host work takes (then learned, as a peak tracker): on a CPU-only
 # site that CPU is what the platform meters as the site's GPU, so it is reserved inside the lease first.
-# A first exchange may heal (fetch and load the global state from a peer: tens of ms), so it starts high.
-HOST_WORK_GUESS_S = {"checkpoint": 0.01, "exchange": 0.05}
+# An exchange reserves the whole budget while it is in flight (one or two periods a round): its CPU varied
+# from 3 to ~20 ms between rounds (quorum, gloo, torchft's checkpoint server; a joiner heals in it), more
+# than any estimate from the rounds before it.
+HOST_WORK_GUESS_S = {"checkpoint": 0.01, "exchange": math.inf}
 DEFERRABLE_HOST_WORK = ("checkpoint",)   # waits for a lease that holds it; an exchange runs regardless
 HOST_WORK_DECAY = 0.7
 MODE_EVERY_S = 1.0
@@ -542,7 +544,8 @@ class SiteAgent:
 
     def learn_host(self, kind: str, cpu_s: float) -> None:
         """What host work of `kind` took this time (peak tracker: a larger one is expected at once)."""
-        self.host_work_s[kind] = max(cpu_s, HOST_WORK_DECAY * self.host_work_s[kind] + (1 - HOST_WORK_DECAY) * cpu_s)
+        if math.isfinite(self.host_work_s[kind]):
+            self.host_work_s[kind] = max(cpu_s, HOST_WORK_DECAY * self.host_work_s[kind] + (1 - HOST_WORK_DECAY) * cpu_s)
 
     def _note_host_cpu(self) -> None:
         """On a CPU-only site the lease grants the whole process's CPU time (all threads: gRPC, lease
