@@ -110,20 +110,21 @@ def srsran_control_request(header: bytes, message: bytes, requestor: int = 1, ra
 SRSRAN_CONTROLS = ((10, 30, 100), (10, 50, 100), (10, 70, 100), (10, 100, 100))
 
 
-def flexric_slice_control() -> tuple[bytes, bytes]:
+def flexric_slice_control(dedicated: tuple[int, int] = (70, 70)) -> tuple[bytes, bytes]:
     """FlexRIC xapp_rc_slice_ctrl.c for the OAI gNB: IDs 1-12, no Group/Member wrappers, PLMN "50501" and
-    SST/SD as ASCII strings, two slices (SST 1 SD 1 min 70, SST 1 SD 5 min 30), max 51, dedicated 70,
-    header gNB-UEID AMF UE NGAP ID 0 with GUAMI PLMN 001/01."""
+    SST/SD as ASCII strings, two slices (SST 1 SD 1 min 70, SST 1 SD 5 min 30), max 51, dedicated 70 each
+    as shipped (`dedicated` changes only those two values), header gNB-UEID AMF UE NGAP ID 0 with GUAMI PLMN
+    001/01."""
     hdr = rc().encode("E2SM-RC-ControlHeader", {"ric-controlHeader-formats": ("controlHeader-Format1", {
         "ueID": ("gNB-UEID", {"amf-UE-NGAP-ID": 0, "guami": {
             "pLMNIdentity": b"\x00\xf1\x10", "aMFRegionID": (b"\x00", 8), "aMFSetID": (b"\x00\x00", 10),
             "aMFPointer": (b"\x00", 6)}}),
         "ric-Style-Type": 2, "ric-ControlAction-ID": 6})})
     groups = []
-    for sd, min_ratio in ((b"1", 70), (b"5", 30)):
+    for (sd, min_ratio), ded in zip(((b"1", 70), (b"5", 30)), dedicated, strict=True):
         member = [_el(6, ("valueOctS", b"50501")), _st(7, [_el(8, ("valueOctS", b"1")), _el(9, ("valueOctS", sd))])]
         groups.append([_st(3, [_ls(4, [member])]), _el(10, ("valueInt", min_ratio)), _el(11, ("valueInt", 51)),
-                       _el(12, ("valueInt", 70))])
+                       _el(12, ("valueInt", ded))])
     msg = rc().encode("E2SM-RC-ControlMessage", {"ric-controlMessage-formats": (
         "controlMessage-Format1", {"ranP-List": [_ls(1, groups)]})})
     return hdr, msg

@@ -90,8 +90,9 @@ def test_srsran_rule_refuses_what_srsran_refuses():
 
 def test_flexric_oai_control_follows_the_oai_parser():
     # the example controls SST 1 SD 1 and SST 1 SD 5 of PLMN 505/01 with dedicated 70 % each: the OAI gNB
-    # parses it (its NVS slicer rescales the reservations); the emulated MAC refuses dedicated ratios
-    # summing over 100 %, so the control fails, with nothing applied
+    # parses it, and its NVS slicer's admission control (`_nvs_nr_admission_control`: the reservations'
+    # sum over 1.0 -> -3, so add_mod_rc_slice fails) refuses it; the emulated DU refuses dedicated ratios
+    # summing over 100 % too, so the control fails, with nothing applied
     model, node = _world("v3.00", rc_table="oai-gnb", slices="1:5,1:1")
     from e2sm import rc
     from testbed.e2node import rules
@@ -108,3 +109,18 @@ def test_flexric_oai_control_follows_the_oai_parser():
     _, srs = _world("v3.00", slices="1:5,1:1")
     (out,) = srs.receive(12040, e2ap.encode_e2ap(req))
     assert out.mtype == CONTROL_FAILURE
+
+
+def test_flexric_oai_control_within_oai_s_admission_control_is_acked_and_applied():
+    # the same FlexRIC encoding with reservations OAI's NVS admission control takes (30 % + 50 %)
+    model, node = _world("v3.00", rc_table="oai-gnb", slices="1:5,1:1")
+    hdr, msg = peers.flexric_slice_control(dedicated=(30, 50))
+    req = e2ap.RicControlRequest(e2ap.RicRequestId(1, 2), 3, hdr, msg, ack_request=True)
+    before = model.quota.copy()
+    (out,) = node.receive(12040, e2ap.encode_e2ap(req))
+    assert out.mtype == CONTROL_ACK, e2ap.decode_e2ap(out.payload)
+    assert not (model.quota == before).all()
+    # slice 0 is SST 1 / SD 5 (min 30, max 51, dedicated 50), slice 1 SST 1 / SD 1 (min 70; its max 51 is
+    # below the min, which OAI would not read: 100; dedicated 30)
+    assert all(cell == pytest.approx((0.30, 0.51, 0.50)) for cell in model.quota[0, :, 0].tolist())
+    assert all(cell == pytest.approx((0.70, 1.00, 0.30)) for cell in model.quota[0, :, 1].tolist())
