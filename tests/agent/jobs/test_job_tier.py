@@ -9,36 +9,7 @@ from agent.crosssite.rounds import LocalWork
 from agent.crosssite.tier import CrossSiteTier, TierConfig
 from agent.job import JobContext, JobSpec, load_job
 from agent.trainer import Trainer
-
-
-class _Done:
-    def wait(self):
-        return None
-
-
-class SoloManager:
-    """torchft's Manager for a quorum of one: collectives are the identity."""
-
-    def start_quorum(self):
-        pass
-
-    def allreduce(self, t, reduce_op):
-        return _Done()
-
-    def num_participants(self):
-        return 1
-
-    def current_step(self):
-        return 0
-
-    def errored(self):
-        return None
-
-    def should_commit(self):
-        return True
-
-    def shutdown(self, wait=False):
-        pass
+from tests.crosssite.test_tier_host import SoloManager
 
 
 def test_a_lora_job_joins_the_tier_with_its_adapters_only(monkeypatch):
