@@ -125,6 +125,7 @@ class SiteAgent:
         self._threads = 0
         self._tokens_at: deque[tuple[float, int]] = deque(maxlen=64)
         self._evaluating = 0        # held-out samples still to evaluate in the current validation
+        self._eval_sample_s: float | None = None   # measured wall time of one validation sample (peak-tracked)
         self._eval_sum = 0.0
         self._next_eval_step = config.train.eval_every
         self._next_ckpt_step = config.train.checkpoint_every
@@ -278,13 +279,18 @@ class SiteAgent:
         t0 = self.clock()
         if not self._warmed or self._evaluating:
             # Leased work outside the step-time fit: the warm-up (one sample, at most the planned launch)
-            # first, then validation. Forward-only is ~1/3 the cost of a training sample; full-length
-            # samples, so a tail-filling launch (fraction < 1) evaluates proportionally fewer.
+            # first, then validation, in chunks of as many full-length samples as the measured time of one
+            # fits the planned launch (one until measured, or while the fit predicts nothing: a forward-only
+            # sample is not ~1/3 of a training one for every job, and a chunk sized so overran its lease).
             if not self._warmed:
                 kind, cpu = "warm-up", self._warm_up()
             else:
-                n = min(self._evaluating, max(1, math.floor(3 * d.size * d.fraction)))
+                per = self._eval_sample_s
+                n = math.floor(d.predicted_s / per) if per and d.predicted_s > 0 else 1
+                n = min(self._evaluating, max(1, n))
                 kind, cpu = "eval", self._eval_chunk(n)
+                took = (self.clock() - t0) / n
+                self._eval_sample_s = took if per is None else max(took, 0.7 * per + 0.3 * took)
             t1 = self.clock()
             self.work_log.append((t0, t1, kind))
             with self._lock:
