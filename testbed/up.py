@@ -106,8 +106,8 @@ class UpConfig:
     fault_at_s: float = DEFAULT_AT_S
     record_series: bool = False   # keep per-period ground truth and the xApp's lease view (weaver bench safety)
     # The cores each CPU stand-in agent's whole site GPU stands for; 0 = what this host can serve each agent
-    # (`agent_cores_for`). 1 core each on a host with a core per agent and one to spare; on the 2-core CI
-    # machine 3 agents get 0.3 each, so the run measures Weaver and not three agents queueing for 2 cores.
+    # (`agent_cores_for`). 1 core each on a host with a core per agent and half one to spare; on the 2-core CI
+    # machine 3 agents get 0.5 each, so the run measures Weaver and not three agents queueing for 2 cores.
     agent_cores: float = 0.0
     # > 0: for this long the E2 nodes send no KPM (the model runs, controls are answered), so the xApp,
     # without fresh measurements, grants nothing and the agents' idle baseline (connected, no lease) is
@@ -133,7 +133,10 @@ class UpConfig:
         return self.agent_cores or agent_cores_for(self.sites)
 
 
-HOST_RESERVE_CORES = 1.0   # the world (RAN model, E2 nodes, mini-RIC), the xApp and the Lighthouse
+# The world (RAN model, E2 nodes, mini-RIC), the xApp and the Lighthouse: measured ~0.27 of a core together
+# in a 3-site run. A stand-in of 0.5 core holds a cross-site exchange's CPU (7-20 ms) inside one period's
+# budget of a typical lease (30 ms at 80 of 132 SMs); at 0.3 core (18 ms) it ran past it.
+HOST_RESERVE_CORES = 0.5
 
 
 def _host_cores() -> int:
@@ -982,7 +985,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job-arg", action="append", default=[], metavar="K=V", help="the job's arguments")
     parser.add_argument("--agent-cores", type=float, default=0.0, metavar="CORES",
                         help="cores each CPU stand-in agent's site GPU stands for (default: what this host can "
-                             "serve each agent, (host cores - 1) / sites, at most 1)")
+                             "serve each agent, (host cores - 0.5) / sites, at most 1)")
     parser.add_argument("--run-dir", default=None, help="logs, config and checkpoints (default: a temp dir)")
     parser.add_argument("--json", default=None, metavar="SUMMARY", help="write the run summary as JSON")
     parser.add_argument("--record", default=None, metavar="FILE",

@@ -40,7 +40,7 @@ def test_whole_cores_register_as_before():
     assert check_register(register(0.0, sm=4), {"s1"}, None).cores == 0.0
 
 
-@pytest.mark.parametrize("host, sites, want", [(2, 3, 0.3), (2, 1, 1.0), (4, 3, 1.0), (16, 3, 1.0), (1, 3, 0.1),
-                                               (3, 3, 0.65)])
+@pytest.mark.parametrize("host, sites, want", [(2, 3, 0.5), (2, 1, 1.0), (4, 3, 1.0), (16, 3, 1.0), (1, 3, 0.15),
+                                               (3, 3, 0.8), (1, 8, 0.1)])
 def test_up_gives_each_agent_what_the_host_can_serve(host, sites, want):
     assert agent_cores_for(sites, host) == pytest.approx(want)
