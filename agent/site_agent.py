@@ -61,13 +61,12 @@ log = logging.getLogger("weaver.agent")
 
 REFUSED = "refused"       # a lease the agent cannot run inside its SMs (LeaseReleased.reason)
 IDLE_TICK_S = 0.05        # longest idle wait: bounds how stale the status and the mode loop get
-# First guesses of the CPU the agent's own host work takes (then learned, as a peak tracker): on a CPU-only
-# site that CPU is what the platform meters as the site's GPU, so it is reserved inside the lease first.
-# An exchange reserves the whole budget while it is in flight (one or two periods a round): its CPU varied
-# from 3 to ~20 ms between rounds (quorum, gloo, torchft's checkpoint server; a joiner heals in it), more
-# than any estimate from the rounds before it.
-HOST_WORK_GUESS_S = {"checkpoint": 0.01, "exchange": math.inf}
-DEFERRABLE_HOST_WORK = ("checkpoint",)   # waits for a lease that holds it; an exchange runs regardless
+# On a CPU-only site the agent's own host work is CPU the platform meters as the site's GPU, so it is
+# reserved inside the lease first (`reserve_host`). A checkpoint's CPU is learned (peak tracker, from this
+# first guess); an exchange reserves the whole budget while in flight (one or two periods a round): its CPU
+# varied from 7 to ~20 ms between rounds (quorum, gloo, torchft's checkpoint server; a joiner heals in it),
+# beyond any estimate from the rounds before it.
+CHECKPOINT_CPU_GUESS_S = 0.01
 HOST_WORK_DECAY = 0.7
 MODE_EVERY_S = 1.0
 
@@ -131,8 +130,8 @@ class SiteAgent:
         self._next_ckpt_step = config.train.checkpoint_every
         self._checkpoint_due = False
         self.cross_site: lease_pb2.CrossSiteConfig | None = None
-        self.host_work_s = dict(HOST_WORK_GUESS_S)   # learned CPU of the agent's own host work, by kind
-        self._host_reserved: dict[str, float] = {}     # the kinds about to run, reserved in the lease
+        self.checkpoint_cpu_s = CHECKPOINT_CPU_GUESS_S   # learned CPU of one checkpoint write
+        self._host_work: set[str] = set()   # host work about to run or running: "checkpoint", "exchange"
         self.stepped_tokens = 0         # tokens, steps and loss sum of applied optimizer steps
         self.stepped_steps = 0
         self.stepped_loss_sum = 0.0
@@ -320,10 +319,10 @@ class SiteAgent:
         # On a CPU-only site the write is host CPU the platform meters as the site GPU: it waits for an idle
         # moment inside a lease whose budget can hold it, where its reserve kept room for it (a site with no
         # such lease trains nothing new; the shutdown checkpoint writes what is left).
-        if self._checkpoint_due and (not self._charges_host() or self._lease_holds("checkpoint")):
+        if self._checkpoint_due and (not self._charges_host() or self._lease_holds_checkpoint()):
             cpu0 = time.process_time()
             self._checkpoint()
-            self.learn_host("checkpoint", time.process_time() - cpu0)
+            self.learn_checkpoint(time.process_time() - cpu0)
         timeout = IDLE_TICK_S if d.until is None else min(IDLE_TICK_S, max(0.0, d.until - self.clock()))
         self._handle(self.client.poll(timeout))
 
@@ -523,35 +522,37 @@ class SiteAgent:
         """Host CPU counts against the lease: a CPU-only site training in the leased-device modes."""
         return self.device.kind == "cpu" and self.modes.device == GPU
 
-    def _lease_holds(self, kind: str) -> bool:
-        """The current lease's budget per period covers host work of `kind` (its learned CPU)."""
+    def _lease_holds_checkpoint(self) -> bool:
+        """The current lease's budget per period covers a checkpoint write (its learned CPU)."""
         lease = self.enforcer.lease
-        return self.enforcer.window is not None and lease is not None and lease.budget_s >= self.host_work_s[kind]
+        return self.enforcer.window is not None and lease is not None and lease.budget_s >= self.checkpoint_cpu_s
 
     def reserve_host(self, kind: str, on: bool = True) -> None:
-        """Host work of `kind` is about to run (on=False: it ran): on a CPU-only site its learned CPU is
-        kept out of the lease's busy budget meanwhile, so that it runs inside the grant."""
+        """Host work of `kind` ("checkpoint" due, "exchange" in flight) is about to run (on=False: it ran):
+        on a CPU-only site it is kept out of the lease's busy budget meanwhile, so that it runs inside it."""
         if on:
-            self._host_reserved[kind] = self.host_work_s[kind]
+            self._host_work.add(kind)
         else:
-            self._host_reserved.pop(kind, None)
+            self._host_work.discard(kind)
         self._apply_host_reserve()
 
     def _apply_host_reserve(self) -> None:
-        """The enforcer's reserve for the host work about to run, against the lease held now: deferrable
-        work only where the lease's budget holds it (it waits for such a lease, so reserving it in a smaller
-        one would only stop training), other work (an exchange in flight) up to the whole budget."""
+        """The enforcer's reserve against the lease held now: an exchange in flight takes the whole budget; a
+        due checkpoint its learned CPU, only where the budget holds it (it waits for such a lease, so
+        reserving it in a smaller one would only stop training)."""
         lease = self.enforcer.lease
         budget = lease.budget_s if lease is not None and self._charges_host() else 0.0
-        reserve = 0.0
-        for kind, cost in self._host_reserved.items():
-            reserve += (cost if cost <= budget else 0.0) if kind in DEFERRABLE_HOST_WORK else min(cost, budget)
+        if "exchange" in self._host_work:
+            reserve = budget
+        elif "checkpoint" in self._host_work and self.checkpoint_cpu_s <= budget:
+            reserve = self.checkpoint_cpu_s
+        else:
+            reserve = 0.0
         self.enforcer.host_reserve_s = reserve
 
-    def learn_host(self, kind: str, cpu_s: float) -> None:
-        """What host work of `kind` took this time (peak tracker: a larger one is expected at once)."""
-        if math.isfinite(self.host_work_s[kind]):
-            self.host_work_s[kind] = max(cpu_s, HOST_WORK_DECAY * self.host_work_s[kind] + (1 - HOST_WORK_DECAY) * cpu_s)
+    def learn_checkpoint(self, cpu_s: float) -> None:
+        """What a checkpoint write took this time (peak tracker: a larger one is expected at once)."""
+        self.checkpoint_cpu_s = max(cpu_s, HOST_WORK_DECAY * self.checkpoint_cpu_s + (1 - HOST_WORK_DECAY) * cpu_s)
 
     def _note_host_cpu(self) -> None:
         """On a CPU-only site the lease grants the whole process's CPU time (all threads: gRPC, lease

@@ -20,7 +20,6 @@ import json
 import logging
 import math
 import threading
-import time
 from collections import deque
 
 import torch
@@ -76,7 +75,6 @@ class CrossSiteAgent(SiteAgent):
         self._retry_at = -math.inf
         self._round_eval_step = 0               # validate after the first committed round this step is reached
         self._mark = self._work_counters()      # the counters at the last snapshot (or at joining)
-        self._exchange_mark: tuple[float, float] | None = None   # (process, loop thread) CPU at the last begin
 
     # --- the loop: SiteAgent's, with the tier ticked between launches ---------------------------
     def run(self, max_seconds: float | None = None) -> None:
@@ -97,30 +95,24 @@ class CrossSiteAgent(SiteAgent):
                 if landed:
                     self._exchange_done()
             if tier.due() and not self.stop_event.is_set() and self._exchange_fits():
-                # The exchange's CPU (quorum, all-reduces, outer step, other threads) is host work: reserved
-                # in the lease first (see SiteAgent.reserve_host), learned from the process CPU beyond
-                # this thread's while it was in flight.
+                # The exchange's CPU (quorum, all-reduces, outer step, other threads) is host work: the
+                # lease's budget is reserved for it while it is in flight (SiteAgent.reserve_host).
                 self.reserve_host("exchange")
-                self._exchange_mark = (time.process_time(), time.thread_time())
                 tier.begin(self._work_since_snapshot())
         except Exception as exc:  # noqa: BLE001 - quorum / collective failures: the next round retries
             self._exchange_done()
             self._tier_failed("round failed", exc, tier.config.round_s)
 
     def _exchange_fits(self) -> bool:
-        """On a CPU-only site an exchange begins where the current window's unspent budget can still hold
-        its reserve (at the latest the next window's start, a period later): begun after the window's work,
+        """On a CPU-only site an exchange begins at a window's start, before its work (at the latest a
+        period later), so that the budget reserved for it is still unspent: begun after the window's work,
         its CPU would run beyond the lease. Without a lease there is nothing to hold it in."""
         w, lease = self.enforcer.window, self.enforcer.lease
         if not self._charges_host() or w is None or lease is None or lease.budget_s <= 0:
             return True
-        budget = self.enforcer.busy_budget(w)
-        return w.busy_s == 0 or budget - w.busy_s >= min(self.host_work_s["exchange"], budget) - 1e-9
+        return w.busy_s == 0
 
     def _exchange_done(self) -> None:
-        mark, self._exchange_mark = self._exchange_mark, None
-        if mark is not None:
-            self.learn_host("exchange", max(0.0, (time.process_time() - mark[0]) - (time.thread_time() - mark[1])))
         self.reserve_host("exchange", False)
 
     def _work_counters(self) -> tuple[int, int, float]:
@@ -192,7 +184,6 @@ class CrossSiteAgent(SiteAgent):
         if join is not None:
             join.abandon()
         tier, self.tier = self.tier, None
-        self._exchange_mark = None
         self.reserve_host("exchange", False)
         if tier is not None:
             tier.close()

@@ -49,20 +49,23 @@ def test_a_due_checkpoint_is_reserved_and_waits_for_a_lease_on_a_cpu_site(tmp_pa
     assert agent.enforcer.host_reserve_s == 0.0      # reserving it there would only stop training
     agent.enforcer.on_lease(LeaseTerms("L", 1, 0.1, 10.0, 1.0, agent.clock(), 0, 3))
     agent._apply_host_reserve()
-    assert agent.enforcer.host_reserve_s == agent.host_work_s["checkpoint"] > 0
+    assert agent.enforcer.host_reserve_s == agent.checkpoint_cpu_s > 0
     agent.enforcer.decide(agent.clock())
     agent._wait(Idle(None, "budget"))               # an idle moment inside the lease: written there
     assert not agent._checkpoint_due and agent.last_checkpoint is not None
     assert agent.enforcer.host_reserve_s == 0.0
 
 
-def test_an_exchange_in_flight_reserves_up_to_the_whole_budget(tmp_path):
+def test_an_exchange_in_flight_reserves_the_whole_budget(tmp_path):
     agent = _agent(tmp_path)
     agent.enforcer.on_lease(LeaseTerms("L", 1, 0.1, 10.0, 0.2, agent.clock()))      # 20 ms
-    agent.host_work_s["exchange"] = 0.05
+    agent._checkpoint_due = True
+    agent.reserve_host("checkpoint")
     agent.reserve_host("exchange")
-    assert agent.enforcer.host_reserve_s == pytest.approx(0.02)
+    assert agent.enforcer.host_reserve_s == pytest.approx(0.02)     # not 20 ms + the checkpoint's
     agent.reserve_host("exchange", False)
+    assert agent.enforcer.host_reserve_s == agent.checkpoint_cpu_s   # the due checkpoint's alone
+    agent.reserve_host("checkpoint", False)
     assert agent.enforcer.host_reserve_s == 0.0
 
 
@@ -73,17 +76,16 @@ def test_a_gpu_site_reserves_nothing_for_host_work(tmp_path):
     assert agent.enforcer.host_reserve_s == 0.0
 
 
-def test_learned_host_work_follows_a_peak():
-    cost = {"exchange": 0.01}
+def test_a_checkpoint_s_learned_cpu_follows_a_peak():
     agent = SiteAgent.__new__(SiteAgent)
-    agent.host_work_s = cost
-    agent.learn_host("exchange", 0.03)
-    assert cost["exchange"] == 0.03                 # a larger one at once
-    agent.learn_host("exchange", 0.0)
-    assert 0.0 < cost["exchange"] < 0.03            # then forgotten slowly
+    agent.checkpoint_cpu_s = 0.01
+    agent.learn_checkpoint(0.03)
+    assert agent.checkpoint_cpu_s == 0.03           # a larger one at once
+    agent.learn_checkpoint(0.0)
+    assert 0.0 < agent.checkpoint_cpu_s < 0.03      # then forgotten slowly
 
 
-def test_an_exchange_begins_where_the_window_can_still_hold_it(tmp_path):
+def test_an_exchange_begins_at_a_window_s_start_before_its_work(tmp_path):
     from agent.crosssite.agent import CrossSiteAgent
     cfg = tiny_cpu()
     cfg = replace(cfg, modes=replace(cfg.modes, mode="gpu"), checkpoint_dir=str(tmp_path / "ckpt"))
@@ -91,12 +93,11 @@ def test_an_exchange_begins_where_the_window_can_still_hold_it(tmp_path):
     assert agent._exchange_fits()                                   # no lease: nothing to hold it in
     agent.enforcer.on_lease(LeaseTerms("L", 1, 0.1, 10.0, 0.2, agent.clock()))   # 20 ms a period
     agent.enforcer.decide(agent.clock())
-    agent.host_work_s["exchange"] = 0.005
     assert agent._exchange_fits()                                   # the window's work has not started
     agent.enforcer.window.busy_s = 0.018                            # its work is done: 2 ms left
     assert not agent._exchange_fits()
-    agent.enforcer.window.busy_s = 0.01
-    assert agent._exchange_fits()
+    agent.enforcer.window.busy_s = 0.01                             # half spent: the reserve is no longer whole
+    assert not agent._exchange_fits()
 
 
 def test_a_phase_staggers_the_window_s_work_but_keeps_room_for_its_budget():
