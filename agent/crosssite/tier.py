@@ -74,7 +74,7 @@ class TierConfig:
     # previous members are back, so a site asking a few ms late would be left out for a round.
     # The Lighthouse's join timeout must exceed one round (see docs/crosssite.md).
     transfer_window_fraction: float = 0.15
-    min_work_fraction: float = 0.3     # a round whose quorum returns later than this gives up its work
+    min_work_fraction: float = 0.3     # at least this much of a round is trained before a (first or next) snapshot
     timeout_s: float = 10.0            # collectives and should_commit
     quorum_timeout_s: float = 60.0
     policy: RoundPolicy = field(default_factory=RoundPolicy)
@@ -246,10 +246,8 @@ class CrossSiteTier:
         self.wan_feedback = ErrorFeedback(config.compression)
         self.wire_bytes = wire_bytes(self.global_flat.numel(), config.compression)
         self._healed = False
-        self._last_round: int | None = None
         self._last_snapshot_at = self.clock()
         self._inflight: _Exchange | None = None
-        self._closed = False
         self.next_round, self.window_start = config.work_deadline(self.clock())
         self.manager = None
         self._store = None
@@ -336,7 +334,6 @@ class CrossSiteTier:
                 unflatten_into(self.global_flat, self.params)       # restart from the healed weights
             else:
                 unflatten_into(merged(self.global_flat, flatten(self.params), snap.local_flat), self.params)
-        self._last_round = ex.round
         t_end = self.clock()
         stats = ex.stats
         rec = RoundRecord(
@@ -440,7 +437,6 @@ class CrossSiteTier:
         ex.stats, ex.fednova, ex.committed = stats, fednova, committed
 
     def close(self) -> None:
-        self._closed = True
         if self.manager is not None:
             self.manager.shutdown(wait=False)
             self.manager = None
