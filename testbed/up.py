@@ -212,9 +212,9 @@ def xapp_controls(cfg: UpConfig, sim, ports: dict[str, int], lighthouse_addr: st
     c["submgr"].update(url=sim.ric.submgr_url, client_host=cfg.host, http_port=ports["rest"], rmr_port=ports["rmr"])
     c["rmr"].update(port=ports["rmr"], route_table=str(sim.ric.route_file))
     c["broker"]["listen"] = f"{cfg.host}:{ports['broker']}"
-    # the job every site trains: an agent that registers another one is refused (the agent venv's
-    # agent.job.DEFAULT_JOB when --job names none)
-    c["broker"]["job"] = cfg.agent_job or "agent.jobs.chargpt:make_job"
+    # the job every site trains: an agent that registers another one is refused (without --job, any: the
+    # agents train the agent venv's default, which this venv cannot name without a copy of it)
+    c["broker"]["job"] = cfg.agent_job
     if lighthouse_addr:   # the coordinator role: the xApp hands these to every agent in the lease stream
         c["broker"].update(lighthouse_addr=lighthouse_addr, round_ms=cfg.round_ms, round_epoch_ms=round_epoch_ms)
     c["rest"]["port"] = ports["rest"]

@@ -724,7 +724,7 @@ def _decide(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs, actio
     elif rt.grant_sms > 0:
         actions.append(RevokeLease(site_id=site.site_id, reason="grant-zero"))
     rt.grant_sms = grant
-    _account(state, rt, est, grant=grant, wanted_env=decision.wanted_sms if getattr(rt.policy, "name", "") == "weaver" else None,
+    _account(state, rt, est, grant=grant, wanted_env=decision.wanted_sms,
              wanted=wanted, ceiling=ceiling, capped=capped, training=site.site_id in inputs.agents,
              epoch_wait=now < state.grant_not_before)
     why = decision.reason if now >= state.grant_not_before else "waiting out the previous epoch's leases"

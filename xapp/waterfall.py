@@ -22,8 +22,9 @@ clock), `combine` takes the platform's usable and used and names what its own me
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
+
+from xapp.policy import floor_to
 
 # usable -> granted (the xApp's control loop)
 HEADROOM = "envelope-headroom"           # the envelope sized above this period's measured RAN peak (< 0: below it)
@@ -56,10 +57,6 @@ def revocation_cause(reason: str) -> str:
     if why == "not-leader":
         return "not-leader"
     return f"failsafe:{why}" if why in FAILSAFE_REASONS else f"revoked:{why}"
-
-
-def floor_to(x: float, step: int) -> int:
-    return max(0, int(math.floor(x / step)) * step) if step > 0 else max(0, int(x))
 
 
 @dataclass

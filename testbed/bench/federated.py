@@ -323,6 +323,11 @@ def sweep(cfg: BenchConfig, ccfg: CircuitConfig, transfers: list[Transfer]) -> l
     return rows
 
 
+def _pct(share: float | None) -> str:
+    """A share as a percentage; '-' when nothing was booked (no circuit held)."""
+    return "-" if share is None else f"{100 * share:.1f} %"
+
+
 def print_table(out: dict) -> None:
     cols = ("arm", "transport bytes", "flows", "circuit-s held", "circuit-s used", "occupancy while held",
             "occupancy incl. set-up",
@@ -331,8 +336,7 @@ def print_table(out: dict) -> None:
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for arm, r in out["arms"].items():
-        occ = "-" if r["occupancy"] is None else f"{100 * r['occupancy']:.1f} %"
-        occ_s = "-" if r.get("occupancy_incl_setup") is None else f"{100 * r['occupancy_incl_setup']:.1f} %"
+        occ, occ_s = _pct(r["occupancy"]), _pct(r.get("occupancy_incl_setup"))
         held = "-" if r["circuit_s_held"] is None else f"{r['circuit_s_held']:.3g}"
         used = "-" if r["circuit_s_used"] is None else f"{r['circuit_s_used']:.3g}"
         print(f"| {arm} | {r['transport_bytes']:,} | {r['transport_flows']:,} | {held} | {used} | {occ} | {occ_s} | "
@@ -425,8 +429,8 @@ def run(args: argparse.Namespace) -> int:
     print("\n| switch reconfiguration | occupancy while held | incl. set-up | round completion p99 s | "
           "fell back to packet | missed by transport |\n|---|---|---|---|---|---|")
     for row in out["reconfig_sweep"]:
-        print(f"| {row['reconfig_s'] * 1e3:g} ms | {100 * row['occupancy']:.1f} % | "
-              f"{100 * row['occupancy_incl_setup']:.1f} % | {row['round_completion_s_p99']:.3f} | "
+        print(f"| {row['reconfig_s'] * 1e3:g} ms | {_pct(row['occupancy'])} | "
+              f"{_pct(row['occupancy_incl_setup'])} | {row['round_completion_s_p99']:.3f} | "
               f"{row['fell_back_to_packet']} | {row['deadlines_missed_by_transport']} |")
     print(f"flows: packet / optical = {pkt['transport_flows'] / max(opt['transport_flows'], 1):.1f}x "
           f"(participating UEs per site per round: {out['participants_per_site_mean']:.1f}; updates that reached "

@@ -264,15 +264,7 @@
   function drawWaterfall(track) {
     const c = track.card, wf = track.waterfall;
     const canvas = c.wf;
-    const dpr = window.devicePixelRatio || 1;
-    const w = Math.max(100, canvas.clientWidth), h = Math.max(60, canvas.clientHeight);
-    if (canvas.width !== Math.round(w * dpr) || canvas.height !== Math.round(h * dpr)) {
-      canvas.width = Math.round(w * dpr);
-      canvas.height = Math.round(h * dpr);
-    }
-    const g = canvas.getContext("2d");
-    g.setTransform(dpr, 0, 0, dpr, 0, 0);
-    g.clearRect(0, 0, w, h);
+    const { g, w, h } = prepCanvas(canvas);
     const st = wf && wf.stages_sm_s && typeof wf.stages_sm_s === "object" ? wf.stages_sm_s : null;
     if (!st || !isNum(st.usable)) { canvas.dataset.stages = "0"; c.wfText.textContent = "waterfall: -"; return; }
     const legs = Array.isArray(wf.legs) ? wf.legs : [];
@@ -290,7 +282,7 @@
       g.fillRect(x, Y(v), slot, Y(0) - Y(v));
       g.fillStyle = COLORS.axis;
       g.fillText(`${k} ${Math.round(v)}`, x, h - 3);
-      if (usable(st) > 0) g.fillText(`${Math.round(100 * v / st.usable)}%`, x, Math.max(10, Y(v) - 3));
+      if (st.usable > 0) g.fillText(`${Math.round(100 * v / st.usable)}%`, x, Math.max(10, Y(v) - 3));
       drawn += 1;
       const leg = legs.find((l) => l && l.from === k && l.to === WF_STAGES[i + 1]);
       if (!leg || !leg.causes_sm_s) return;
@@ -321,11 +313,8 @@
     canvas.setAttribute("aria-label", `waterfall ${WF_STAGES.map((k) => `${k} ${fmt(st[k], 0)}`).join(" > ")} SM·s`);
   }
 
-  function usable(st) { return isNum(st.usable) ? st.usable : 0; }
-
-  // ---------------------------------------------------------------- the chart
-  function drawChart(track) {
-    const canvas = track.card.canvas;
+  // A canvas sized to its box at the device's pixel ratio, cleared: its context and CSS size.
+  function prepCanvas(canvas) {
     const dpr = window.devicePixelRatio || 1;
     const w = Math.max(100, canvas.clientWidth), h = Math.max(60, canvas.clientHeight);
     if (canvas.width !== Math.round(w * dpr) || canvas.height !== Math.round(h * dpr)) {
@@ -335,6 +324,13 @@
     const g = canvas.getContext("2d");
     g.setTransform(dpr, 0, 0, dpr, 0, 0);
     g.clearRect(0, 0, w, h);
+    return { g, w, h };
+  }
+
+  // ---------------------------------------------------------------- the chart
+  function drawChart(track) {
+    const canvas = track.card.canvas;
+    const { g, w, h } = prepCanvas(canvas);
 
     const windowS = Number($("window").value || 3) * 60;
     const t1 = nowS(), t0 = t1 - windowS;
