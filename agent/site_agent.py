@@ -397,8 +397,9 @@ class SiteAgent:
                 elif isinstance(ev, LeaseRevoked):
                     self._settle()
                     if self.enforcer.on_revoke(ev.at, ev.lease_id, ev.reason, self._busy_until):
-                        self.yield_latencies_ms.append((self.clock() - ev.at) * 1e3)
-                        self.metrics.lease_ended("revoked", self.clock() - ev.at)
+                        to_idle_s = self.clock() - ev.at
+                        self.yield_latencies_ms.append(to_idle_s * 1e3)
+                        self.metrics.lease_ended("revoked", to_idle_s)
                         log.info("lease %s revoked: %s", ev.lease_id or "(all)", ev.reason)
                         if self._held is not None:
                             self._release(self._held.lease_id, REVOKED, ev.at, held_sm_count=0)

@@ -4,7 +4,7 @@ of `bytes` will be ready at `earliest_start_unix_ms` and must reach its destinat
 
 Pure: `parse_announcement` validates one body as hostile input (every field typed and bounded, a clear
 message naming the field) and `AnnouncementBook` keeps the latest announcement per (site, round), at
-most `capacity` of them, oldest round dropped first. The REST adapter is in `xapp.rest`.
+most `capacity` of them, the least recently announced dropped first. The REST adapter is in `xapp.rest`.
 """
 from __future__ import annotations
 

@@ -91,6 +91,8 @@ def build_model(c: HFCausalLMConfig) -> torch.nn.Module:
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attention_dropout=0.0, hidden_dropout=0.0)
         if c.model_type == "llama":
             cfg.num_key_value_heads = c.num_heads
+        elif c.model_type == "gpt2":
+            cfg.n_inner = c.intermediate_size     # GPT-2's name for it: intermediate_size alone is ignored
         model = AutoModelForCausalLM.from_config(cfg)
     if c.lora_r:
         from peft import LoraConfig, get_peft_model
