@@ -36,6 +36,28 @@ tracker over past periods: a burst raises it at once, it decays slowly), and les
 period's excess (busy + host over the grant), all divided by `threads`, never below 0. Without
 readings (a GPU, where host CPU is no GPU SM, or a caller that passes none) nothing changes.
 
+Meter. What a window is charged for its work is what the platform meters for the leased device:
+busy wall time on a GPU (`meter=WALL`), the work's CPU time on a CPU stand-in (`meter=CPU_TIME`, at
+most its wall time x threads, over threads). On a shared host a micro-batch preempted by other
+processes takes longer than the CPU it uses; charged by wall time, the CPU it did not get was lost
+to the lease (3-5 % of the grant per site in `weaver up` on two cores). Charged by CPU time the fit
+predicts CPU too, whose residuals are free of preemption, and wall time is bounded separately: every
+prediction that must end by a wall-clock time (the window's end, the lease's expiry, the caller's
+deadline) is stretched by the upper quantile of the launches' measured wall / charged ratio. When
+the wall time left, not the budget, is what stops the window's work, the idle budget is host
+starvation. The platform meters a CPU stand-in over period-long intervals on its own clock, not on the
+lease's grid: a window whose work ran late (an exchange held its start) followed by one whose work ran
+early put 1.4 x the budget into one metered period (34 training-caused misses in a 60 s `weaver up`).
+So on the CPU meter a window's work is planned to end inside its slot: SLOT_MARGIN x the budget x the
+launches' median wall / CPU from where its work may start (its phase). A period-long interval holds the
+tail of one window's work and the head of the next; what it can hold beyond one budget is how late the
+first window's work started, which the slot bounds to (SLOT_MARGIN - 1) x the budget (at 1.25, up to
+25 % of the lease beyond it, 36 SMs with host CPU on top; at 1.1, at most 15 in five runs). What a late
+window cannot fit is the enforcer's own choice (nothing fits), or host starvation. Host CPU is not
+planned, so it can run past the slot (a cross-site exchange completes when the last site joins, late in
+the first sites' windows): what ran there is taken from the next window's budget, as debt, or it and the
+next window's early work share a metered period (90-108 SMs of an 80-SM lease at every round boundary).
+
 Idle accounting (the utilisation waterfall, xapp.waterfall). Every closed window says why the part of
 its grant that no recorded work used stayed idle, in lease seconds (wall seconds on the lease's units):
 granted = busy + host (its host CPU / threads) + the `idle_s` causes, exactly. The time between two calls
@@ -63,12 +85,16 @@ MIN_FRACTION = 1 / 16     # shortest sequence share a tail-filling micro-batch m
 EDGE_QUANTILE = 0.97      # residual quantile for a launch that ends at the window's edge (see decide)
 COLD_GAP_S = 0.001        # a launch starting this long after the last work ended runs cold (see StepTimeFit)
 MIN_POOL = 8              # residuals a cold/warm pool needs before its own quantiles replace the pooled ones
+SLOWDOWN_MEMORY_S = 0.005  # a launch slower than the fit's edge quantile scales the plan made this soon after
+SLOT_STRETCH = 1.25        # a staggered window's work starts no later than leaves this x its budget (see Meter)
+SLOT_MARGIN = 1.1          # CPU meter: a window's work ends by its start + this x budget x median stretch
 HOST_DECAY = 0.8          # per period: how fast the expected host CPU of a period forgets a burst
 # Idle causes (WindowReport.idle_s); SPENT is time after the busy budget was used, no loss of its own.
 # BEYOND (<= 0) is the work and host CPU beyond the grant: a negative idle, so the sum still holds.
-NOTHING_FITS, ROUND_WAIT, LOOP, HOST_RESERVE, OTHER, BEYOND, SPENT = (
-    "nothing-fits", "round-wait", "loop", "host-reserve", "other", "beyond-grant", "spent")
-IDLE_CAUSES = (NOTHING_FITS, ROUND_WAIT, HOST_RESERVE, LOOP, OTHER, BEYOND)
+NOTHING_FITS, ROUND_WAIT, LOOP, HOST_RESERVE, OTHER, BEYOND, SPENT, STARVED = (
+    "nothing-fits", "round-wait", "loop", "host-reserve", "other", "beyond-grant", "spent", "host-starvation")
+IDLE_CAUSES = (NOTHING_FITS, ROUND_WAIT, HOST_RESERVE, LOOP, STARVED, OTHER, BEYOND)
+WALL, CPU_TIME = "wall", "cpu"     # BudgetEnforcer.meter (see the module doc)
 
 
 @dataclass(frozen=True)
@@ -141,7 +167,7 @@ class WindowReport:
     start: float
     length_s: float
     granted_s: float        # busy time the lease allowed in this window
-    busy_s: float           # measured busy time (micro-batches + optimizer steps)
+    busy_s: float           # charged busy time of micro-batches + optimizer steps (see Meter)
     cpu_s: float            # measured process CPU time (core-seconds)
     overrun_s: float        # busy time above the grant, or work past the window/lease end
     micro_batches: int
@@ -303,6 +329,10 @@ class _Window:
     steps: int = 0
     host_s: float = 0.0     # host CPU (core-seconds) beyond the recorded work, charged to this window
     debt_s: float = 0.0     # busy time the previous period's excess over its grant takes from this one
+    preempted_s: float = 0.0   # CPU meter: wall time the work took beyond what it was charged (others ran)
+    reserved_s: float = 0.0    # the largest host reserve the caller set while this window was current
+    unplanned_s: float = 0.0   # busy budget left when the enforcer last found that nothing fits
+    late_s: float = 0.0         # CPU meter: host CPU (lease seconds) that ran after the slot's end
     idle: list = field(default_factory=list)    # [cause, seconds] in time order (see the module doc)
 
     def note_idle(self, cause: str, seconds: float) -> None:
@@ -321,8 +351,13 @@ class _Window:
 @dataclass
 class BudgetEnforcer:
     config: EnforcerConfig = field(default_factory=EnforcerConfig)
+    meter: str = WALL
 
     def __post_init__(self) -> None:
+        if self.meter not in (WALL, CPU_TIME):
+            raise ValueError(f"BudgetEnforcer.meter must be {WALL!r} or {CPU_TIME!r}, got {self.meter!r}")
+        self._stretch: deque[float] = deque(maxlen=self.config.fit_window)   # wall / charged, per launch
+        self._slowdown: tuple[float, float, float] | None = None   # (ended, charged / edge prediction, window)
         self.fit = StepTimeFit(self.config.fit_window, self.config.tail_quantile)
         self.step_times: deque[float] = deque(maxlen=16)
         self.lease: LeaseTerms | None = None
@@ -419,7 +454,7 @@ class BudgetEnforcer:
             elif self.window.end <= now:
                 w, end = self.window, self.window.end
                 self._close(end, PERIOD)
-                self.window = _Window(lease, end, debt_s=self._excess(w))
+                self.window = _Window(lease, end, debt_s=max(self._excess(w), min(w.late_s, lease.budget_s)))
             else:
                 break
 
@@ -457,7 +492,12 @@ class BudgetEnforcer:
             cause = ROUND_WAIT if d.reason == "round-deadline" else SPENT
             w = self.window
             if d.reason == "budget-spent" and w is not None and self.busy_budget(w) - w.busy_s > 1e-9:
-                cause = NOTHING_FITS     # budget left, but the enforcer planned nothing into it
+                # budget left, but the enforcer planned nothing into it: because other processes took the
+                # wall time that would have held it (host starvation), or its own choice
+                left = self.busy_budget(w) - w.busy_s
+                cause = STARVED if self.meter == CPU_TIME and w.preempted_s >= left \
+                    and (min(d.until, self.slot_end(w)) - now) / self.wall_stretch() < left else NOTHING_FITS
+                w.unplanned_s = left
             self._mark = (now, cause, self.deadline)
         else:
             self._mark = None            # work follows; its recording sets the next mark
@@ -482,24 +522,32 @@ class BudgetEnforcer:
         if self.lease is None or self.window is None:
             return Idle(None, self.last_end_reason or "no-lease")
         w, lease = self.window, self.lease
+        w.reserved_s = max(w.reserved_s, self.host_reserve_s)
         if lease.budget_s <= 0:
             return Idle(min(w.end, lease.expires_at), "zero-lease")
         lease_end = min(w.end, lease.expires_at)
-        if self.config.phase_fraction and w.busy_s == 0:
-            # staggered: the window's work starts at its phase, no later than still leaves the budget room
-            start_at = w.start + max(0.0, min(self.config.phase_fraction * lease.period_s,
-                                              lease.period_s - 1.25 * lease.budget_s))
-            if now < start_at:
-                return Idle(min(start_at, lease_end), "phase")
+        start_at = self.work_start()
+        if self.config.phase_fraction and w.busy_s == 0 and now < start_at:
+            return Idle(min(start_at, lease_end), "phase")
+        if self.meter == CPU_TIME:
+            # the platform meters a period on its own grid: the window's work stays in its slot (Meter)
+            slot_end = self.slot_end(w)
+            if now >= slot_end:
+                return Idle(lease_end, "budget-spent")
+            lease_end = min(lease_end, slot_end)
         hard_end = lease_end if self.deadline is None else min(lease_end, self.deadline)
         budget = self.busy_budget(w)
-        remaining = min(budget - w.busy_s, hard_end - now)
+        stretch = self.wall_stretch()     # wall seconds per charged second (1 on the wall meter)
+        remaining = min(budget - w.busy_s, (hard_end - now) / stretch)
+        sd = self._slowdown
+        if sd is not None and sd[2] == w.start and now - sd[0] <= SLOWDOWN_MEMORY_S:
+            remaining /= sd[1]
         # Nothing fitting before the caller's deadline (when it, not the lease, is what binds) waits for it.
         idle = Idle(hard_end, "round-deadline") \
-            if hard_end - now < min(budget - w.busy_s, lease_end - now) else Idle(lease_end, "budget-spent")
+            if hard_end - now < min((budget - w.busy_s) * stretch, lease_end - now) else Idle(lease_end, "budget-spent")
 
         def before_deadline(seconds: float) -> bool:    # a planned overrun of the lease, never of the deadline
-            return self.deadline is None or now + seconds <= self.deadline
+            return self.deadline is None or now + seconds * stretch <= self.deadline
         c = self.config
         cold = self._cold(now)
         if c.fixed_micro_batch:
@@ -580,6 +628,42 @@ class BudgetEnforcer:
             return Launch(size, self.fit.predict(size, edge, cold) if self.fit.ready else 0.0)
         return idle
 
+    def work_start(self, w: _Window | None = None) -> float:
+        """When window `w`'s (the current one's) work may start: staggered, at its phase, no later than still
+        leaves SLOT_STRETCH x the budget (see Meter); otherwise the window's start. Host work of the
+        caller's that the window must hold (a cross-site exchange) starts no earlier either. inf without a
+        window."""
+        w = w or self.window
+        if w is None:
+            return math.inf
+        lease = w.lease
+        return w.start + max(0.0, min(self.config.phase_fraction * lease.period_s,
+                                      lease.period_s - SLOT_STRETCH * lease.budget_s))
+
+    def slot_end(self, w: _Window) -> float:
+        """CPU meter: by when window `w`'s work ends (see Meter); inf on the wall meter."""
+        if self.meter == WALL:
+            return math.inf
+        return self.work_start(w) + SLOT_MARGIN * self.wall_stretch(0.5) * w.lease.budget_s
+
+    def wall_stretch(self, q: float = EDGE_QUANTILE) -> float:
+        """Wall seconds a charged second of work may take: 1 on the wall meter; on the CPU meter the
+        `q` quantile of recent launches' wall / CPU (a preempted launch takes longer than it uses)."""
+        if self.meter == WALL or len(self._stretch) < 3:
+            return 1.0
+        ratios = sorted(self._stretch)
+        return max(1.0, ratios[min(len(ratios) - 1, int(q * len(ratios)))])
+
+    def _charge(self, started: float, ended: float, cpu_s: float) -> float:
+        """Lease seconds recorded work is charged (see Meter in the module doc)."""
+        wall = ended - started
+        if self.meter == WALL:
+            return wall
+        charged = min(cpu_s, wall * self.host_threads) / self.host_threads
+        if charged > 0:
+            self._stretch.append(wall / charged)
+        return charged
+
     def _tail(self) -> float:
         """Upper-quantile time of the smallest launch, back to back with the one before it."""
         return self.fit.predict(self.config.min_micro_batch * MIN_FRACTION, edge=True)
@@ -610,8 +694,13 @@ class BudgetEnforcer:
         """Busy time a full period's work plus host CPU took beyond its grant (0 without host readings)."""
         if self._cpu_mark is None:
             return 0.0
-        # the peak tracker: a burst sets the expectation at once, a quiet period lowers it by HOST_DECAY
-        self.host_expected_s = max(w.host_s, HOST_DECAY * self.host_expected_s + (1 - HOST_DECAY) * w.host_s)
+        # the peak tracker: a burst sets the expectation at once, a quiet period lowers it by HOST_DECAY.
+        # Host work the caller announced (host_reserve_s: a checkpoint, an exchange) was reserved for when
+        # it came; learning it too held its CPU back for ~10 periods after each one (5-7 % of the grant).
+        if w.reserved_s > 0:
+            self.host_expected_s = max(self.host_expected_s, w.host_s - w.reserved_s)
+        else:
+            self.host_expected_s = max(w.host_s, HOST_DECAY * self.host_expected_s + (1 - HOST_DECAY) * w.host_s)
         excess = w.busy_s + w.host_s / self.host_threads - w.lease.budget_s
         return min(max(0.0, excess), w.lease.budget_s)
 
@@ -620,43 +709,67 @@ class BudgetEnforcer:
         """A reading `cpu_s` of the process CPU clock (all threads, e.g. time.process_time()) at `now`, in
         CPU execution mode only (see the module doc). The CPU since the last reading beyond what the work
         recorded since then used (its CPU, at most its wall time x `threads`) is host overhead, charged to
-        the current window (the share of the interval since it started, when it started after the last
-        reading). Call it between launches: before `decide` and before `close_windows`."""
+        the windows the interval since the last reading spans, pro rata (a window that ended meanwhile is
+        closed with its share; none before the first window). Call it between launches: before `decide`
+        and before `close_windows`."""
         self.host_threads = max(1, threads)
         mark, self._cpu_mark = self._cpu_mark, (now, cpu_s)
         own = min(self._work_cpu, self._work_wall * self.host_threads)
         self._work_cpu = self._work_wall = 0.0
-        w = self.window
-        if mark is None or w is None or now <= w.start:
+        if mark is None or now <= mark[0]:
             return
         host = max(0.0, cpu_s - mark[1] - own)
-        if mark[0] < w.start:
-            host *= (now - w.start) / (now - mark[0])
+        while self.window is not None:
+            w = self.window
+            t0, t1 = max(mark[0], w.start), min(now, w.end, w.lease.expires_at)
+            if t1 > t0:
+                self._charge_host(w, host * (t1 - t0) / (now - mark[0]), t0, t1)
+            if t1 >= now:
+                break
+            self._advance(t1)          # the window ended before this reading: closed with its share
+            if self.window is w:
+                break
+
+    def _charge_host(self, w: _Window, host: float, t0: float, t1: float) -> None:
+        """Host CPU (core-seconds) that ran in [t0, t1] of window `w`."""
         w.host_s += host
+        w.reserved_s = max(w.reserved_s, self.host_reserve_s)
+        slot_end = self.slot_end(w)
+        if host > 0 and t1 > slot_end:
+            # the share past the slot's end: the next window gives it back (see Meter)
+            w.late_s += host * (t1 - max(t0, slot_end)) / (t1 - t0) / self.host_threads
 
     def record_micro_batch(self, size: int, started: float, ended: float, cpu_s: float = 0.0,
                            fraction: float = 1.0) -> None:
         """A micro-batch of `size` samples, each `fraction` of the full sequence, ran from `started` to `ended`."""
         work = size * fraction
+        charged = self._charge(started, ended, cpu_s)
+        if self.fit.ready and self.window is not None:
+            # beyond even the edge quantile: the host is slower right now (the same interference slowed
+            # two launches in a row 2.2x, the second one past the grant); the next plan is scaled by it
+            slow = charged / max(self.fit.predict(work, True, self._cold(started)), 1e-9)
+            self._slowdown = (ended, slow, self.window.start) if slow > 1.0 else None
         if self._probing:
             self._probing = False
             # per sample-equivalent plus one (the fixed cost): comparable across sizes, and for a whole
             # sample the same as per sample
-            unit = (ended - started) / (work + 1.0)
+            unit = charged / (work + 1.0)
             self.fit.keep(lambda b, t: t / (b + 1.0) <= 3 * unit)
-        self.fit.add(work, ended - started, cold=self._cold(started))
+        self.fit.add(work, charged, cold=self._cold(started))
         self._last_launch = max(self._last_launch, ended)
-        self._account(started, ended, cpu_s, samples=size)
+        self._account(started, ended, cpu_s, charged, samples=size)
 
     def record_step(self, started: float, ended: float, cpu_s: float = 0.0) -> None:
-        self.step_times.append(ended - started)
-        self._account(started, ended, cpu_s, step=True)
+        charged = self._charge(started, ended, cpu_s)
+        self.step_times.append(charged)
+        self._account(started, ended, cpu_s, charged, step=True)
 
     def record_other(self, started: float, ended: float, cpu_s: float = 0.0) -> None:
         """Leased work that is neither a training micro-batch nor a step (validation chunks)."""
-        self._account(started, ended, cpu_s)
+        self._account(started, ended, cpu_s, self._charge(started, ended, cpu_s))
 
-    def _account(self, started: float, ended: float, cpu_s: float, samples: int = 0, step: bool = False) -> None:
+    def _account(self, started: float, ended: float, cpu_s: float, charged: float, samples: int = 0,
+                 step: bool = False) -> None:
         self._last_end = max(self._last_end, ended)
         self._mark = (ended, LOOP, self.deadline)
         self._work_cpu += cpu_s
@@ -664,7 +777,8 @@ class BudgetEnforcer:
         w = self.window
         if w is None or started < w.start:
             return   # work of a window already closed (e.g. revoked mid-batch): its report is out
-        w.busy_s += ended - started
+        w.busy_s += charged
+        w.preempted_s += ended - started - charged
         w.cpu_s += cpu_s
         w.micro_batches += 1 if samples else 0
         w.samples += samples
@@ -686,14 +800,23 @@ class BudgetEnforcer:
 
     def _idle_causes(self, w: _Window, granted: float, host: float) -> tuple[tuple[str, float], ...]:
         """granted - busy - host split by cause (module doc): the measured idle stretches in time order, up
-        to what was idle; then the budget held back (host reserve, debt); then the closing term."""
+        to what was idle; then, on the CPU meter, up to the wall time other processes took from the work
+        (budget the window's wall time could not hold: host starvation); then the budget held back (host
+        reserve, debt); then the closing term."""
         left = granted - w.busy_s - host
         out = dict.fromkeys(IDLE_CAUSES, 0.0)
         for cause, seconds in w.idle:
             if cause != SPENT and left > 0:
-                take = min(seconds, left)
+                # the enforcer's own choice is at most the busy budget it left unplanned; the rest of
+                # that idle stretch is budget held back (below)
+                take = min(seconds, left, w.unplanned_s - out[NOTHING_FITS]) if cause == NOTHING_FITS \
+                    else min(seconds, left)
                 out[cause] += take
                 left -= take
+        if left > 0 and self.meter == CPU_TIME:
+            take = min(left, max(0.0, w.preempted_s))
+            out[STARVED] += take
+            left -= take
         expected = self.host_expected_s + self.host_reserve_s
         held_back = max(0.0, (max(expected, w.host_s) - w.host_s) / self.host_threads) + w.debt_s
         if left > 0:
@@ -721,7 +844,7 @@ def window_waterfall(r: WindowReport, units: int, used_ms: float, work_log=()) -
         if kind in wall and t0 >= r.start and t1 <= end + 1e-9:
             wall[kind] += t1 - t0
     share = used_ms / busy_ms if busy_ms > 0 else 0.0
-    return {"host_sm_ms": r.host_s * ms, "starved_sm_ms": busy_ms - used_ms,
+    return {"host_sm_ms": r.host_s * ms, "starved_sm_ms": busy_ms - used_ms + r.idle(STARVED) * ms,
             "idle_nothing_fits_sm_ms": r.idle(NOTHING_FITS) * ms, "idle_round_wait_sm_ms": r.idle(ROUND_WAIT) * ms,
             "idle_host_reserve_sm_ms": r.idle(HOST_RESERVE) * ms, "idle_loop_sm_ms": r.idle(LOOP) * ms,
             "idle_other_sm_ms": r.idle(OTHER) * ms, "beyond_grant_sm_ms": -r.idle(BEYOND) * ms,

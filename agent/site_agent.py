@@ -29,10 +29,12 @@ import torch
 from agent.checkpoint import CheckpointInfo, CheckpointStore
 from agent.config import AgentConfig
 from agent.enforcer import (
+    CPU_TIME,
     EXPIRED,
     PERIOD,
     REPLACED,
     REVOKED,
+    WALL,
     BudgetEnforcer,
     Idle,
     Launch,
@@ -61,6 +63,11 @@ log = logging.getLogger("weaver.agent")
 
 REFUSED = "refused"       # a lease the agent cannot run inside its SMs (LeaseReleased.reason)
 IDLE_TICK_S = 0.05        # longest idle wait: bounds how stale the status and the mode loop get
+# Longest idle wait while host work runs on another thread (a cross-site exchange): its CPU is charged to
+# the window each process-CPU reading falls in, pro rata over the time since the last one; read every 50 ms,
+# an exchange that landed just after a period boundary had its CPU charged mostly to the window before,
+# and the next window's full budget ran on top of it (115 SMs of an 80-SM lease in one metered period).
+HOST_WORK_TICK_S = 0.005
 # On a CPU-only site the agent's own host work is CPU the platform meters as the site's GPU, so it is
 # reserved inside the lease first (`reserve_host`). A checkpoint's CPU is learned (peak tracker, from this
 # first guess); an exchange reserves the whole budget while in flight (one or two periods a round): its CPU
@@ -99,7 +106,9 @@ class SiteAgent:
         self.mode_evidence = mode_evidence     # why it started in its mode (agent.modeid), shown and registered
         # Training state lives where training runs: the GPU only in the leased-device modes.
         self.trainer = trainer or Trainer(config.train, device=self._training_device(), job=job)
-        self.enforcer = BudgetEnforcer(config.enforcer)
+        # a CPU stand-in is metered by its CPU time: the enforcer charges that, not the wall time a
+        # preempted launch takes (the lease's budget is the process's CPU time; see _charges_host)
+        self.enforcer = BudgetEnforcer(config.enforcer, meter=CPU_TIME if self.device.kind == "cpu" else WALL)
         # On CUDA, leased work runs only in a green context of at most the lease (see partition.py).
         self.partitions = GreenContextPool(self.device.sm_count, self.device.granularity,
                                            enabled=self.device.kind == "cuda" and self.device.green_contexts)
@@ -323,8 +332,11 @@ class SiteAgent:
             cpu0 = time.process_time()
             self._checkpoint()
             self.learn_checkpoint(time.process_time() - cpu0)
-        timeout = IDLE_TICK_S if d.until is None else min(IDLE_TICK_S, max(0.0, d.until - self.clock()))
-        self._handle(self.client.poll(timeout))
+        self._handle(self.client.poll(self._idle_timeout(d)))
+
+    def _idle_timeout(self, d: Idle) -> float:
+        tick = HOST_WORK_TICK_S if "exchange" in self._host_work and self._charges_host() else IDLE_TICK_S
+        return tick if d.until is None else min(tick, max(0.0, d.until - self.clock()))
 
     def _optimizer_step(self) -> None:
         with self._lock:

@@ -104,13 +104,15 @@ class CrossSiteAgent(SiteAgent):
             self._tier_failed("round failed", exc, tier.config.round_s)
 
     def _exchange_fits(self) -> bool:
-        """On a CPU-only site an exchange begins at a window's start, before its work (at the latest a
-        period later), so that the budget reserved for it is still unspent: begun after the window's work,
-        its CPU would run beyond the lease. Without a lease there is nothing to hold it in."""
+        """On a CPU-only site an exchange begins where a window's work may (its phase), before that work
+        (at the latest a period later), so that the budget reserved for it is still unspent: begun after the
+        window's work, its CPU would run beyond the lease; begun before the phase, next to the previous
+        window's work (one metered period held both: 26 SMs beyond the lease). Without a lease there is
+        nothing to hold it in."""
         w, lease = self.enforcer.window, self.enforcer.lease
         if not self._charges_host() or w is None or lease is None or lease.budget_s <= 0:
             return True
-        return w.busy_s == 0
+        return w.busy_s == 0 and self.clock() >= self.enforcer.work_start()
 
     def _exchange_done(self) -> None:
         self.reserve_host("exchange", False)
