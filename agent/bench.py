@@ -4,7 +4,8 @@ Two arms replay the same trace (seeded periods and duties, one lease per control
 same model, data and seed, on the real clock:
   fitted - micro-batches sized from the online affine fit t(B) = a + b*B (the agent's policy);
   fixed  - the baseline: a fixed micro-batch launched whenever any budget is left ("naive greedy").
-Reported per arm: utilisation (busy / granted, host-timed on CPU, CUDA-event-timed on GPU), CPU-time
+Reported per arm: utilisation (charged busy / granted: the work's CPU time on the CPU meter, the
+agent's default on a CPU device, host-timed wall with --meter wall, CUDA-event-timed on GPU), CPU-time
 utilisation, overrun p50/p99/max in ms and as % of the period, the share of windows that overran, on CPU
 the p99 core-time consumed beyond the grant, tokens/s; then fitted/fixed ratios.
 Target (issue 6): utilisation >= 95 % with overrun p99 below 10 % of the period.
@@ -25,7 +26,7 @@ from dataclasses import replace
 import torch
 
 from agent.config import PRESETS, EnforcerConfig
-from agent.enforcer import BudgetEnforcer, Launch, LeaseTerms, StepNow
+from agent.enforcer import CPU_TIME, WALL, BudgetEnforcer, Launch, LeaseTerms, StepNow
 from agent.trainer import Trainer
 
 TARGET_UTILISATION = 0.95
@@ -40,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fixed-batch", type=int, default=32, help="baseline micro-batch size")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (the leased cores)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--meter", choices=[WALL, CPU_TIME],
+                   help="what a window is charged (default: as the agent does, CPU time on cpu, wall time on cuda)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--json", help="write results to this file")
 
@@ -58,7 +61,7 @@ def run_arm(name: str, enforcer_cfg: EnforcerConfig, trace, args) -> dict:
     cfg = PRESETS[args.preset]().train
     cfg = replace(cfg, max_micro_batch=max(cfg.max_micro_batch, args.fixed_batch))
     trainer = Trainer(cfg, device=args.device)
-    enf = BudgetEnforcer(enforcer_cfg)
+    enf = BudgetEnforcer(enforcer_cfg, meter=args.meter)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     clock = time.monotonic
     for _ in range(3):                       # warm-up outside the trace (allocator, kernel choice)
@@ -76,6 +79,8 @@ def run_arm(name: str, enforcer_cfg: EnforcerConfig, trace, args) -> dict:
             next_lease, i = now + period, i + 1
         elif i >= len(trace) and enf.lease is None:
             break
+        if args.meter == CPU_TIME:      # as SiteAgent on a CPU site: the process's host CPU counts too
+            enf.note_process_cpu(now, time.process_time(), args.threads)
         d = enf.decide(now, trainer.pending_samples, cfg.step_samples)
         if isinstance(d, Launch):
             r = trainer.micro_batch(d.size, d.fraction)
@@ -147,6 +152,7 @@ def run(args) -> int:
     if not periods or min(periods) <= 0 or not duties or not all(0 < d <= 1 for d in duties):
         print("weaver bench agent: --periods must be positive ms and --duties in (0, 1]", file=sys.stderr)
         return 2
+    args.meter = args.meter or (CPU_TIME if args.device == "cpu" else WALL)
     trace = lease_trace(args.windows, periods, duties, args.seed)
     arms = [run_arm("fitted", EnforcerConfig(max_micro_batch=64), trace, args),
             run_arm(f"fixed(B={args.fixed_batch})", EnforcerConfig(fixed_micro_batch=args.fixed_batch), trace, args)]
@@ -156,7 +162,7 @@ def run(args) -> int:
     met = fitted["utilisation"] >= TARGET_UTILISATION and fitted["overrun_p99_pct_of_period"] < TARGET_OVERRUN_P99_PCT
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"weaver bench agent: {args.windows} leases/arm, periods {periods} ms, duties {duties}, "
-          f"preset {args.preset}, {args.device} x{args.threads} threads, seed {args.seed}, "
+          f"preset {args.preset}, {args.device} x{args.threads} threads, meter {args.meter}, seed {args.seed}, "
           f"host load {load:.1f} on {os.cpu_count()} cores")
     head = (f"{'arm':<14} {'windows':>7} {'util':>6} {'cpu util':>8} {'ovr p50':>8} {'ovr p90':>8} {'ovr p99':>8} "
             f"{'ovr max':>8} {'p99 %per':>8} {'ovr frac':>8} {'cpu ovr99':>9} {'slow p99':>8} {'tok/s':>8}")
@@ -173,7 +179,7 @@ def run(args) -> int:
           f"{'met' if met else 'NOT met'} (fitted: {fitted['utilisation']:.1%}, "
           f"{fitted['overrun_p99_pct_of_period']:.1f}%)")
     if args.json:
-        out = {"bench": "agent", "seed": args.seed, "device": args.device, "threads": args.threads,
+        out = {"bench": "agent", "seed": args.seed, "device": args.device, "threads": args.threads, "meter": args.meter,
                "host_loadavg_1m": load, "host_cpus": os.cpu_count(),
                "preset": args.preset, "trace": {"windows": args.windows, "periods_ms": periods, "duties": duties},
                "arms": {"fitted": fitted, "fixed": fixed}, "ratios_fitted_over_fixed": ratios,

@@ -30,6 +30,14 @@ def test_bench_agent_reports_both_arms_and_ratios(tmp_path, capsys):
     assert fitted["utilisation"] < fixed["utilisation"], (fitted, fixed)
     assert res["ratios_fitted_over_fixed"]["utilisation"] < 1.0
     assert res["targets"]["utilisation_min"] == 0.95
+    assert res["meter"] == "cpu"            # what the agent charges on a CPU device, unless --meter says
+
+
+def test_bench_agent_meter_follows_the_flag(tmp_path):
+    out = tmp_path / "agent.json"
+    assert bench.main(["--windows", "4", "--preset", "tiny", "--periods", "20", "--duties", "0.5",
+                       "--meter", "wall", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["meter"] == "wall"
 
 
 def test_bench_refuses_bad_arguments(capsys):
