@@ -53,10 +53,11 @@ launches' median wall / CPU from where its work may start (its phase). A period-
 tail of one window's work and the head of the next; what it can hold beyond one budget is how late the
 first window's work started, which the slot bounds to (SLOT_MARGIN - 1) x the budget (at 1.25, up to
 25 % of the lease beyond it, 36 SMs with host CPU on top; at 1.1, at most 15 in five runs). What a late
-window cannot fit is the enforcer's own choice (nothing fits), or host starvation. Host CPU is not
-planned, so it can run past the slot (a cross-site exchange completes when the last site joins, late in
-the first sites' windows): what ran there is taken from the next window's budget, as debt, or it and the
-next window's early work share a metered period (90-108 SMs of an 80-SM lease at every round boundary).
+window cannot fit is the enforcer's own choice (nothing fits), or host starvation. Announced host
+work is not planned either, so it can run past the slot (a cross-site exchange completes when the last
+site joins, late in the first sites' windows): what ran there while it was announced is taken from the
+next window's budget, as debt, or it and the next window's early work share a metered period (90-108 SMs
+of an 80-SM lease at every round boundary).
 
 Idle accounting (the utilisation waterfall, xapp.waterfall). Every closed window says why the part of
 its grant that no recorded work used stayed idle, in lease seconds (wall seconds on the lease's units):
@@ -735,8 +736,10 @@ class BudgetEnforcer:
         w.host_s += host
         w.reserved_s = max(w.reserved_s, self.host_reserve_s)
         slot_end = self.slot_end(w)
-        if host > 0 and t1 > slot_end:
-            # the share past the slot's end: the next window gives it back (see Meter)
+        if host > 0 and t1 > slot_end and self.host_reserve_s > 0:
+            # announced host work's share past the slot's end: the next window gives it back (see Meter).
+            # Routine host CPU runs all period long and is the tracker's; counted here too, it cost the
+            # next windows 2-4 ms each (15 % of the tokens).
             w.late_s += host * (t1 - max(t0, slot_end)) / (t1 - t0) / self.host_threads
 
     def record_micro_batch(self, size: int, started: float, ended: float, cpu_s: float = 0.0,

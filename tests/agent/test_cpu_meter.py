@@ -132,6 +132,26 @@ def test_host_cpu_past_the_slot_is_taken_from_the_next_window(late):
         assert after.busy_s + after.host_s >= budget - 0.003
 
 
+def test_routine_host_cpu_past_the_slot_is_no_debt():
+    """Host CPU spread over the whole period (threads, the loop's wake-ups) also runs past the slot; it is
+    the host tracker's to expect, not the next window's debt, so the windows keep their budget."""
+    routine = BudgetEnforcer(meter=CPU_TIME)
+    routine.on_lease(lease(0.0, 1))
+    routine.note_process_cpu(0.0, 0.0)
+    routine.decide(0.0, 0, 8)
+    routine.note_process_cpu(0.09, 0.004)          # 4 ms of unannounced host CPU, most of it past the slot
+    routine.close_windows(0.1 + 1e-6)
+    assert routine.window.debt_s == 0.0
+    announced = BudgetEnforcer(meter=CPU_TIME)
+    announced.on_lease(lease(0.0, 1))
+    announced.note_process_cpu(0.0, 0.0)
+    announced.decide(0.0, 0, 8)
+    announced.host_reserve_s = PERIOD * DUTY        # an exchange in flight
+    announced.note_process_cpu(0.09, 0.004)
+    announced.close_windows(0.1 + 1e-6)
+    assert announced.window.debt_s == pytest.approx(0.004 * (0.09 - 1.1 * PERIOD * DUTY) / 0.09)   # its share past the slot
+
+
 def test_announced_host_work_is_not_learned_as_every_period_s_host_cpu():
     """An exchange's 20 ms of host CPU, reserved for (host_reserve_s) while it ran, leaves the expected
     host CPU of a period as it was; the same CPU unannounced sets it at once (a burst to plan for)."""
