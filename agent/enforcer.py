@@ -358,6 +358,7 @@ class BudgetEnforcer:
         if self.meter not in (WALL, CPU_TIME):
             raise ValueError(f"BudgetEnforcer.meter must be {WALL!r} or {CPU_TIME!r}, got {self.meter!r}")
         self._stretch: deque[float] = deque(maxlen=self.config.fit_window)   # wall / charged, per launch
+        self._stretch_sorted: list[float] = []     # the same, sorted once per launch (read several times a decision)
         self._slowdown: tuple[float, float, float] | None = None   # (ended, charged / edge prediction, window)
         self.fit = StepTimeFit(self.config.fit_window, self.config.tail_quantile)
         self.step_times: deque[float] = deque(maxlen=16)
@@ -492,10 +493,10 @@ class BudgetEnforcer:
         if isinstance(d, Idle):
             cause = ROUND_WAIT if d.reason == "round-deadline" else SPENT
             w = self.window
-            if d.reason == "budget-spent" and w is not None and self.busy_budget(w) - w.busy_s > 1e-9:
+            left = self.busy_budget(w) - w.busy_s if w is not None else 0.0
+            if d.reason == "budget-spent" and left > 1e-9:
                 # budget left, but the enforcer planned nothing into it: because other processes took the
                 # wall time that would have held it (host starvation), or its own choice
-                left = self.busy_budget(w) - w.busy_s
                 cause = STARVED if self.meter == CPU_TIME and w.preempted_s >= left \
                     and (min(d.until, self.slot_end(w)) - now) / self.wall_stretch() < left else NOTHING_FITS
                 w.unplanned_s = left
@@ -523,7 +524,6 @@ class BudgetEnforcer:
         if self.lease is None or self.window is None:
             return Idle(None, self.last_end_reason or "no-lease")
         w, lease = self.window, self.lease
-        w.reserved_s = max(w.reserved_s, self.host_reserve_s)
         if lease.budget_s <= 0:
             return Idle(min(w.end, lease.expires_at), "zero-lease")
         lease_end = min(w.end, lease.expires_at)
@@ -650,9 +650,9 @@ class BudgetEnforcer:
     def wall_stretch(self, q: float = EDGE_QUANTILE) -> float:
         """Wall seconds a charged second of work may take: 1 on the wall meter; on the CPU meter the
         `q` quantile of recent launches' wall / CPU (a preempted launch takes longer than it uses)."""
-        if self.meter == WALL or len(self._stretch) < 3:
+        ratios = self._stretch_sorted
+        if self.meter == WALL or len(ratios) < 3:
             return 1.0
-        ratios = sorted(self._stretch)
         return max(1.0, ratios[min(len(ratios) - 1, int(q * len(ratios)))])
 
     def _charge(self, started: float, ended: float, cpu_s: float) -> float:
@@ -663,6 +663,7 @@ class BudgetEnforcer:
         charged = min(cpu_s, wall * self.host_threads) / self.host_threads
         if charged > 0:
             self._stretch.append(wall / charged)
+            self._stretch_sorted = sorted(self._stretch)
         return charged
 
     def _tail(self) -> float:
@@ -735,8 +736,10 @@ class BudgetEnforcer:
         """Host CPU (core-seconds) that ran in [t0, t1] of window `w`."""
         w.host_s += host
         w.reserved_s = max(w.reserved_s, self.host_reserve_s)
+        if host <= 0 or self.host_reserve_s <= 0:
+            return
         slot_end = self.slot_end(w)
-        if host > 0 and t1 > slot_end and self.host_reserve_s > 0:
+        if t1 > slot_end:
             # announced host work's share past the slot's end: the next window gives it back (see Meter).
             # Routine host CPU runs all period long and is the tracker's; counted here too, it cost the
             # next windows 2-4 ms each (15 % of the tokens).

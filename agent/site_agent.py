@@ -554,10 +554,11 @@ class SiteAgent:
         due checkpoint its learned CPU, only where the budget holds it (it waits for such a lease, so
         reserving it in a smaller one would only stop training)."""
         lease = self.enforcer.lease
-        budget = lease.budget_s if lease is not None and self._charges_host() else 0.0
-        if "exchange" in self._host_work:
-            reserve = budget
-        elif "checkpoint" in self._host_work and self.checkpoint_cpu_s <= budget:
+        if lease is None or not self._charges_host():
+            reserve = 0.0
+        elif "exchange" in self._host_work:
+            reserve = lease.budget_s
+        elif "checkpoint" in self._host_work and self._lease_holds_checkpoint():
             reserve = self.checkpoint_cpu_s
         else:
             reserve = 0.0
