@@ -16,11 +16,13 @@ and mean DL PRB utilisation.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .model import CellConfig, ModelConfigError, RanModel, Scenario, SiteConfig
+from .model.config import parse_slices
 
 
 def _describe(name: str) -> str:
@@ -72,11 +74,31 @@ SCENARIOS = {
 }
 
 
+def check(name: str, known: Iterable[str] | None = None) -> None:
+    """Refuse a name outside `known` (default: every named scenario) with one line that lists them: every
+    command taking a scenario name says the same (and none runs on, e.g. on an empty selection)."""
+    names = list(SCENARIOS if known is None else known)
+    if name not in names:
+        raise ModelConfigError(f"unknown scenario {name!r}; known: {', '.join(names)}")
+
+
 def get(name: str, **overrides) -> Scenario:
     """The named scenario, with `Scenario` fields replaced by `overrides` (e.g. period_slots=400)."""
-    if name not in SCENARIOS:
-        raise ModelConfigError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+    check(name)
     return replace(SCENARIOS[name](), **overrides)
+
+
+def with_slices(sc: Scenario, slices: dict) -> Scenario:
+    """`sc` with the slices of `slices` (site or "*" -> "PROTECTED_SST:SD,BEST_EFFORT_SST:SD", as `weaver sim
+    --slices` / `--scenario-file` give them) in place of its sites' own; a site it lacks is refused."""
+    if not slices:
+        return sc
+    unknown = [k for k in slices if k != "*" and not (isinstance(k, int) and 0 <= k < sc.n_sites)]
+    if unknown:
+        raise ModelConfigError(f"--slices for sites {unknown}: the scenario has sites 0..{sc.n_sites - 1}")
+    sites = tuple(replace(site, slices=parse_slices(slices[site.site_id if site.site_id in slices else "*"]))
+                  if site.site_id in slices or "*" in slices else site for site in sc.sites)
+    return replace(sc, sites=sites)
 
 
 @dataclass(frozen=True)

@@ -79,23 +79,16 @@ class SimConfig:
 def build_scenario(cfg: SimConfig) -> Scenario:
     """The named scenario (testbed.scenarios) or `n_sites` default sites of `n_cells` cells, with the
     slices of `cfg.slices` per site."""
+    from testbed import scenarios
+
     overrides = {} if cfg.period_ms is None else {"period_slots": int(round(cfg.period_ms / 1000 / SLOT_S))}
     if cfg.scenario:
-        from testbed import scenarios
-
         sc = scenarios.get(cfg.scenario, **overrides)
     else:
         sc = Scenario("sim", f"{cfg.n_sites} sites x {cfg.n_cells} cells (weaver sim default)",
                       sites=tuple(SiteConfig(i, cells=(CellConfig(),) * cfg.n_cells) for i in range(cfg.n_sites)),
                       **overrides)
-    if not cfg.slices:
-        return sc
-    unknown = [k for k in cfg.slices if k != "*" and not (isinstance(k, int) and 0 <= k < sc.n_sites)]
-    if unknown:
-        raise ValueError(f"--slices for sites {unknown}: the scenario has sites 0..{sc.n_sites - 1}")
-    sites = tuple(replace(site, slices=parse_slices(cfg.slices[site.site_id if site.site_id in cfg.slices else "*"]))
-                  if site.site_id in cfg.slices or "*" in cfg.slices else site for site in sc.sites)
-    return replace(sc, sites=sites)
+    return scenarios.with_slices(sc, cfg.slices)
 
 
 class Simulation:

@@ -48,7 +48,9 @@ from pathlib import Path
 
 import numpy as np
 
+from testbed import scenarios as named
 from testbed.cli import agent_python
+from testbed.e2node.config import node_configs
 from testbed.e2node.functions import kpm_oid
 from testbed.e2node.measure import measurements_for
 from testbed.faults import (
@@ -114,8 +116,32 @@ class UpConfig:
     # measured; then KPM flows, the xApp starts granting as at any start, and the faults' clock starts
     idle_probe_s: float = 0.0
     record: Path | None = None    # weaver-xapp --record: every loop step, for testbed.bench.replay
+    # The load regime (`known_scenarios`): "demo", `sites` archetype sites of `cells` cells, or a regime that
+    # `weaver bench` claims, built as the bench builds it (GPU size, cells, loads, slices) at this run's
+    # period; `sites`/`cells` are then the scenario's own (`for_scenario` fills them in; others are refused)
+    scenario: str = "demo"
+    # a `weaver sim --scenario-file`'s settings (`--scenario-file`): site or "*" -> slices spec, in place of
+    # the scenario's slices, and site -> NodeConfig fields (KPM version, RC table, KPM profile, UEs per cell)
+    slices: dict = field(default_factory=dict, hash=False, compare=False)
+    node_overrides: dict = field(default_factory=dict, hash=False, compare=False)
+    scenario_file: Path | None = None   # where those came from (named in the summary)
+
+    @classmethod
+    def for_scenario(cls, scenario: str = "demo", **kw) -> UpConfig:
+        """A config on `scenario`; a named one's sites and cells unless `kw` gives them (demo: the defaults)."""
+        if scenario != "demo" and scenario in named.SCENARIOS:
+            own = named.get(scenario)
+            kw.setdefault("sites", own.n_sites)
+            kw.setdefault("cells", own.n_cells)
+        return cls(scenario=scenario, **kw)
 
     def __post_init__(self) -> None:
+        check_scenario(self.scenario)
+        if self.scenario != "demo":
+            own = named.get(self.scenario)
+            if (self.sites, self.cells) != (own.n_sites, own.n_cells):
+                raise ValueError(f"--sites/--cells apply to --scenario demo only: {self.scenario} is "
+                                 f"{own.n_sites} sites x {own.n_cells} cells")
         if not 1 <= self.sites <= len(ARCHETYPES) * 4:
             raise ValueError(f"--sites must be 1..{len(ARCHETYPES) * 4}, got {self.sites}")
         if not 1 <= self.cells <= 16:
@@ -127,6 +153,12 @@ class UpConfig:
         check_sites(self.faults, self.sites)
         if not (self.agent_cores == 0 or 0.05 <= self.agent_cores <= 64):
             raise ValueError(f"--agent-cores must be 0 (auto) or 0.05..64, got {self.agent_cores}")
+        # the period, the file's slices and node settings, checked now rather than once the world starts
+        sc = scenario_for(self)
+        unknown = sorted(k for k in self.node_overrides if not (isinstance(k, int) and 0 <= k < sc.n_sites))
+        if unknown:
+            raise ValueError(f"node settings for sites {unknown}: the scenario has sites 0..{sc.n_sites - 1}")
+        node_configs(sc, overrides=self.node_overrides)
 
     @property
     def cores_per_agent(self) -> float:
@@ -151,12 +183,53 @@ def agent_cores_for(sites: int, host_cores: int | None = None) -> float:
     return 1.0 if share >= 1.0 else max(0.1, math.floor(share * 20 + 1e-9) / 20)
 
 
+MAX_SITES = len(ARCHETYPES) * 4   # one agent process per site, on this one host
+
+
+def known_scenarios() -> tuple[str, ...]:
+    """What `--scenario` takes: demo and every named scenario with at most MAX_SITES sites (`scale`'s 128
+    would be 128 agent processes on one host; `weaver bench policies` runs it without agents)."""
+    return ("demo", *(n for n in named.SCENARIOS if n != "demo" and named.get(n).n_sites <= MAX_SITES))
+
+
+def check_scenario(name: str) -> None:
+    if name in named.SCENARIOS and name not in known_scenarios():
+        raise ValueError(f"scenario {name!r} has {named.get(name).n_sites} sites: weaver up runs one agent "
+                         f"process per site, at most {MAX_SITES}; known: {', '.join(known_scenarios())}")
+    named.check(name, known_scenarios())
+
+
 def scenario_for(cfg: UpConfig) -> Scenario:
-    """Sites of different archetypes (and phases), so their spare capacity is complementary."""
-    sites = tuple(SiteConfig(site_id=i, archetype=ARCHETYPES[i % len(ARCHETYPES)], cells=(CellConfig(load=0.3),) * cfg.cells,
-                             phase_h=PHASES_H[i % len(PHASES_H)]) for i in range(cfg.sites))
-    return Scenario(name="up", description=f"weaver up: {cfg.sites} sites x {cfg.cells} cells", sites=sites,
-                    period_slots=int(round(cfg.period_ms / 0.5)), start_hour=20.0)
+    """demo: sites of different archetypes (and phases), so their spare capacity is complementary (at 3 x 4,
+    testbed.scenarios' demo); otherwise the named scenario as `weaver bench` builds it, at the live period.
+    A scenario file's slices replace the sites' own."""
+    period_slots = int(round(cfg.period_ms / 0.5))
+    if cfg.scenario == "demo":
+        sites = tuple(SiteConfig(site_id=i, archetype=ARCHETYPES[i % len(ARCHETYPES)],
+                                 cells=(CellConfig(load=0.3),) * cfg.cells, phase_h=PHASES_H[i % len(PHASES_H)])
+                      for i in range(cfg.sites))
+        sc = Scenario(name="demo", description=f"weaver up: {cfg.sites} sites x {cfg.cells} cells", sites=sites,
+                      period_slots=period_slots, start_hour=20.0)
+    else:
+        sc = named.get(cfg.scenario, period_slots=period_slots)
+    return named.with_slices(sc, cfg.slices)
+
+
+def scenario_line(cfg: UpConfig, sc: Scenario) -> str:
+    """The start-up line naming the regime the run is in."""
+    gpus = sorted({s.gpu_sms for s in sc.sites})
+    steps = sorted({s.granularity for s in sc.sites})
+    slices = sorted({",".join(f"{s.sst}:{s.sd}" for s in site.slices) for site in sc.sites})
+    return (f"weaver up: scenario   {cfg.scenario}: {sc.n_sites} sites x {sc.n_cells} cells, "
+            f"{'/'.join(map(str, gpus))}-SM GPUs (step {'/'.join(map(str, steps))}), period {sc.period_s * 1000:g} ms, "
+            f"{partition_note(sc)}, slices {' '.join(slices)}"
+            + (f" (scenario file {cfg.scenario_file})" if cfg.scenario_file else ""))
+
+
+def partition_note(sc: Scenario) -> str:
+    if sc.reconfig_s == 0:
+        return f"{sc.partition} (reconfiguration in microseconds)"
+    return f"{sc.partition} (reconfiguration {sc.reconfig_s:g} s)"
 
 
 def static_reserve_for(cfg: UpConfig, calibration_periods: int = 600) -> int:
@@ -519,7 +592,8 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
     ports = {"rmr": free_port(), "rest": cfg.rest_port or free_port(), "broker": free_port()}
     scenario = scenario_for(cfg)
     sim_cfg = SimConfig(n_sites=cfg.sites, n_cells=cfg.cells, seed=cfg.seed, host=cfg.host, e2term_port=0,
-                        submgr_http_port=0, xapps=(f"{cfg.host}:{ports['rmr']}",), route_dir=str(run_dir), speed=1.0)
+                        submgr_http_port=0, xapps=(f"{cfg.host}:{ports['rmr']}",), route_dir=str(run_dir), speed=1.0,
+                        node_overrides=cfg.node_overrides)   # the scenario file's node settings
     sim = await Simulation.start(sim_cfg, scenario=scenario)
     sup = Supervisor(log_dir=run_dir / "logs")
     world = World(sim, cfg)
@@ -591,6 +665,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         for tr in truths:
             tr.startup_cpu_s = tr.sampler.sample() or 0.0
         rest = f"http://{cfg.host}:{ports['rest']}"
+        out(scenario_line(cfg, scenario))
         out(f"weaver up: dashboard  {rest}/")
         out(f"weaver up: rest       {rest}/api/v1  (openapi {rest}/openapi.json, metrics {rest}/metrics)")
         out(f"weaver up: rmr        xapp {cfg.host}:{ports['rmr']}  e2term {sim.ric.e2term_address}")
@@ -854,7 +929,8 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
         truth = world.truths[i].summary() if i < len(world.truths) else {}
         used = float(c.get("sm_s_used", 0.0))
         sites[site_name(i)] = {
-            "archetype": ARCHETYPES[i % len(ARCHETYPES)],
+            "archetype": world.sim.model.scenario.sites[i].archetype,
+            "gpu_sms": int(world.gpu[i]),
             "kpm_indications": int(c.get("kpm_indications", 0)),
             "rc_controls_sent": int(c.get("rc_controls_sent", 0)),
             "rc_controls_acked": int(c.get("rc_controls_acked", 0)),
@@ -917,8 +993,9 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
                  "mean_wait_ms": float(np.mean(waits)) if waits else math.nan,
                  "median_wait_ms": float(np.median(waits)) if waits else math.nan,
                  "mean_wait_fraction_of_round": float(np.mean(waits)) / cfg.round_ms if waits else math.nan}
-    out = {"policy": cfg.policy, "seed": cfg.seed, "duration_s": round(elapsed, 3), "period_ms": cfg.period_ms,
-           "partition": "green-context (reconfiguration in microseconds)", "guard_sms": cfg.guard_sms,
+    out = {"scenario": cfg.scenario, "scenario_file": str(cfg.scenario_file) if cfg.scenario_file else None,
+           "policy": cfg.policy, "seed": cfg.seed, "duration_s": round(elapsed, 3), "period_ms": cfg.period_ms,
+           "partition": partition_note(world.sim.model.scenario), "guard_sms": cfg.guard_sms,
            "ground_truth": GROUND_TRUTH_NOTE, "sites": sites, "totals": totals, "cross_site": cross,
            "faults": list(world.injector.timeline) if world.injector is not None else []}
     if cfg.record_series:
@@ -974,8 +1051,18 @@ def _json_safe(o):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=None, help="seconds to run (default: until Ctrl-C)")
-    parser.add_argument("--sites", type=int, default=3)
-    parser.add_argument("--cells", type=int, default=4)
+    parser.add_argument("--scenario", default="demo", metavar="NAME",
+                        help="load regime: demo (default: --sites archetype sites of --cells cells, load 0.3), or "
+                             "one of `weaver bench policies`' regimes, gh200-multicell, heavy-small-gpu, "
+                             "slow-partition, with the bench's sites (GPU size, cells, loads, slices) at --period-ms")
+    parser.add_argument("--scenario-file", default=None, metavar="FILE.json",
+                        help="per-site slices and node settings as `weaver sim --scenario-file` takes them, on top "
+                             'of --scenario: {"slices": {"*": "2:1,1:1", "1": "2:1,1:5"}, "nodes": {"1": "kpm=v4.00"}}')
+    parser.add_argument("--sites", type=int, default=None,
+                        help="sites, for --scenario demo (default 3); a named scenario has its own, and another "
+                             "count is refused")
+    parser.add_argument("--cells", type=int, default=None,
+                        help="cells per site, for --scenario demo (default 4); refused like --sites otherwise")
     parser.add_argument("--policy", default="weaver", choices=["static", "reactive", "weaver", "oracle"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--period-ms", type=float, default=100.0)
@@ -1003,9 +1090,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from testbed.faults import parse_faults
+    from testbed.sim import parse_node_overrides, read_scenario_file
 
     try:
-        cfg = UpConfig(sites=args.sites, cells=args.cells, duration_s=args.duration, policy=args.policy,
+        file_slices, file_nodes = read_scenario_file(args.scenario_file) if args.scenario_file else ({}, [])
+        given = {k: v for k, v in (("sites", args.sites), ("cells", args.cells)) if v is not None}
+        cfg = UpConfig.for_scenario(args.scenario, **given, slices=file_slices,
+                       node_overrides=parse_node_overrides(file_nodes),
+                       scenario_file=Path(args.scenario_file) if args.scenario_file else None,
+                       duration_s=args.duration, policy=args.policy,
                        seed=args.seed, period_ms=args.period_ms, rest_port=args.port, agent_preset=args.preset,
                        agent_job=args.job or "", agent_job_args=tuple(args.job_arg),
                        agent_cores=args.agent_cores,
@@ -1023,7 +1116,7 @@ def run(args) -> int:
         return 1
     if summary:
         t = summary["totals"]
-        print(f"weaver up: done in {summary['duration_s']:.0f}s - usable spare {t['usable_spare_sm_s']:.1f} SM·s, "
+        print(f"weaver up: done ({summary['scenario']}) in {summary['duration_s']:.0f}s - usable spare {t['usable_spare_sm_s']:.1f} SM·s, "
               f"used {t['sm_seconds_used']:.1f} ({t['utilization']:.0%}), executed {t['sm_seconds_executed']:.1f} "
               f"(lease held {t['sm_seconds_held_by_agent']:.1f}, beyond it {t['sm_ms_beyond_lease_total'] / 1000:.1f}), "
               f"misses {t['deadline_misses']} "

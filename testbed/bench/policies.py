@@ -407,7 +407,8 @@ def plan(quick: bool) -> dict[str, tuple[int, dict]]:
 def add_arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true", help="short traces (< 1 min)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--scenarios", nargs="*", default=None, help="subset of scenarios")
+    parser.add_argument("--scenarios", "--scenario", nargs="*", default=None, metavar="NAME",
+                        help="subset of scenarios: gh200-multicell, heavy-small-gpu, slow-partition, scale")
     parser.add_argument("--periods", type=int, default=None, help="periods per run (overrides the plan)")
     parser.add_argument("--json", default=None, help="write results here")
     parser.add_argument("--plots", default=None, help="write PNG plots into this directory")
@@ -419,6 +420,12 @@ def run(args) -> int:
     step = StepCostModel()
     todo = plan(args.quick)
     if args.scenarios:
+        try:   # an unknown name is refused, not skipped (all of them skipped left nothing to run)
+            for name in args.scenarios:
+                named.check(name, todo)
+        except ValueError as exc:
+            print(f"weaver bench policies: {exc}", file=sys.stderr)
+            return 2
         todo = {k: v for k, v in todo.items() if k in args.scenarios}
     if args.periods:
         todo = {k: (args.periods, o) for k, (_, o) in todo.items()}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 from testbed import scenarios
@@ -48,6 +49,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    try:
+        scenarios.check(args.scenario)
+    except ValueError as exc:
+        print(f"weaver bench sim: {exc}", file=sys.stderr)
+        return 2
     rows = []
     for period in args.periods:
         for envelope in (None, 24.0):
