@@ -2,10 +2,14 @@
 
 For every site, at every instant:
 
-    max over the site's nodes of the envelope that node MAY be applying
+    sum over the site's nodes of the envelope that node MAY be applying
   + SMs of every lease the agent MAY still act on
   + guard                 (counted while the agent may act on any lease)
   <= the site's GPU SMs
+
+The node terms add up because the nodes of a site share its GPU: each node's envelope bounds that
+node's own SMs (its GPU.* KPM counters add up to the site's, docs/contracts.md), so two nodes under an
+envelope of E each may together run 2E. On a one-node site the sum is that node's envelope.
 
 `SiteSafety` is a pure, clock-free ledger of both terms for one site. The control loop tells it every
 envelope it sends, every answer (or silence) from a node, every lease it sends and every release the
@@ -21,7 +25,9 @@ What a node MAY be applying:
   Assumption: controls to one node arrive in the order they were sent (one SCTP association through the
   E2 termination), so an ACK also settles every control sent before it.
 A node that takes no envelope (quota or monitor-only) is bounded by the policy's demand forecast
-instead: the grant then rests on a forecast, not on an enforced envelope (`basis`).
+instead: the grant then rests on a forecast, not on an enforced envelope (`basis`). The forecast is one
+bound of the site's demand (sized on the site's summed KPM, floored at the site's measured peak), so it
+is counted once for all such nodes, beside the sum of the enforcing nodes' envelopes.
 
 What the agent MAY act on: a lease counts from the moment it is decided until the agent acknowledges its
 release (a release of seq N releases every lease of the site up to N) or its hard end has passed. The
@@ -67,12 +73,6 @@ class NodeEnvelope:
     def may_apply(self, gpu_sms: int) -> int:
         base = gpu_sms if self.known is None else self.known
         return max(base, *self.inflight.values()) if self.inflight else base
-
-    def bound(self, gpu_sms: int, forecast_sms: int | None) -> int:
-        """This node's term of the rule: its envelope, or the forecast for a node that takes none."""
-        if self.enforced:
-            return self.may_apply(gpu_sms)
-        return gpu_sms if forecast_sms is None else forecast_sms
 
 
 @dataclass(frozen=True)
@@ -173,11 +173,26 @@ class SiteSafety:
         return ENVELOPE if self.nodes and all(n.enforced for n in self.nodes.values()) else FORECAST
 
     def envelope_bound(self) -> int:
-        """The first term of the rule: the largest envelope any node may be applying (whole GPU when
-        there are no nodes yet; the forecast stands in for nodes that take no envelope)."""
+        """The first term of the rule: the sum of the envelopes the nodes may be applying (whole GPU when
+        there are no nodes yet; the forecast stands in, once, for the nodes that take no envelope)."""
+        return self._nodes_bound()
+
+    def _nodes_bound(self, meid: str | None = None, envelope_sms: int = 0) -> int:
+        """The node terms summed, capped at the GPU (the nodes together cannot run more than all of it); with `meid`,
+        as if `envelope_sms` replaced that node's acknowledged value (its flight still counts)."""
         if not self.nodes:
             return self.gpu_sms
-        return min(self.gpu_sms, max(n.bound(self.gpu_sms, self.forecast_sms) for n in self.nodes.values()))
+        total, forecast_nodes = 0, False
+        for m, n in self.nodes.items():
+            if not n.enforced:
+                forecast_nodes = True
+            elif m == meid:
+                total += max([envelope_sms, *n.inflight.values()])
+            else:
+                total += n.may_apply(self.gpu_sms)
+        if forecast_nodes:
+            total += self.gpu_sms if self.forecast_sms is None else self.forecast_sms
+        return min(self.gpu_sms, total)
 
     def slack(self, now: float) -> int:
         """GPU SMs minus the three terms: < 0 means the rule is broken at `now`. With no lease held the
@@ -201,14 +216,15 @@ class SiteSafety:
         """Sending `envelope_sms` to `meid` keeps the rule. Tightening a known value always does (the old
         value bounds the flight); anything else -- loosening, or any value to an unknown node, which may
         in fact be applying something tighter (a timed-out control may have landed) -- only when the new
-        value itself fits beside the leases the agent may still act on."""
+        value itself fits beside the other nodes' terms and the leases the agent may still act on."""
         n = self.nodes.get(meid)
         if n is None or not n.enforced:
             return False
         if n.known is not None and not n.inflight and envelope_sms <= n.known:
             return True
         held = self.agent_sms(now)
-        return held == 0 or max([envelope_sms, *n.inflight.values()]) + held + self.guard_sms <= self.gpu_sms
+        # the other nodes' terms count too: they share the GPU with this one
+        return held == 0 or self._nodes_bound(meid, envelope_sms) + held + self.guard_sms <= self.gpu_sms
 
 
 # ----------------------------------------------------------------------------- safe configurations

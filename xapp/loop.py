@@ -7,10 +7,10 @@ here reads a clock, sleeps or logs. `next_deadline(state)` is when `step` next h
 period tick, a KPM staleness limit, an RC ACK timeout), so a virtual clock can jump straight there.
 
 Every grant and every envelope goes through the site's `xapp.invariant.SiteSafety`, which owns the
-RAN-first rule (envelope any node may apply + leases the agent may act on + guard <= GPU): grants are cut
-to its ceiling, a looser envelope waits for the release of the SMs it gives back, and a node whose state
-is unknown (E2 setup, restart, loss, stale KPM, control timeout) counts as the whole GPU until an
-envelope sent to it is acknowledged.
+RAN-first rule (the sum of the envelopes its nodes may apply + leases the agent may act on + guard <=
+GPU): grants are cut to its ceiling, a looser envelope waits for the release of the SMs it gives back,
+and a node whose state is unknown (E2 setup, restart, loss, stale KPM, control timeout) counts as the
+whole GPU until an envelope sent to it is acknowledged.
 
 Fail-safe rules (RAN first; architecture.md): a site's lease is revoked at once when
 - its KPM is stale (no fresh sample from one of its nodes for `stale_periods` periods) or a node is lost;

@@ -6,8 +6,8 @@ node really applies (a control changes it when it is delivered, in order per nod
 duplicated or reordered) and what the agent really acts on (leases arrive late or not at all, in-flight
 work finishes after a replacement, releases are delayed, lost or duplicated, revokes race grants).
 After every event: the module's view is conservative (no node applies more than the module thinks it
-may; the agent acts on no more SMs than the module counts), and the physical rule holds: the largest
-envelope a node applies + SMs the agent acts on + guard <= GPU.
+may; the agent acts on no more SMs than the module counts), and the physical rule holds: the sum of the
+envelopes the nodes apply (they share the site's GPU) + SMs the agent acts on + guard <= GPU.
 """
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ class World:
             assert s.nodes[meid].may_apply(GPU) >= (GPU if real is None else real), (meid, real, s.nodes[meid])
         assert s.agent_sms(self.now) >= self.agent_physical(), (self.acting, self.finishing, s.leases)
         if not self.restarted and not self.broken and self.agent_physical() > 0:
-            worst = max(GPU if v is None else v for v in self.applied.values())
-            assert worst + self.agent_physical() + GUARD <= GPU, (self.applied, self.acting, self.finishing)
+            ran = sum(GPU if v is None else v for v in self.applied.values())
+            assert ran + self.agent_physical() + GUARD <= GPU, (self.applied, self.acting, self.finishing)
 
 
 # Weighted so that schedules get somewhere: envelopes acknowledged, leases granted, replaced, released.
@@ -220,19 +220,37 @@ def test_loosening_waits_for_the_release_or_the_hard_end():
     assert s.released_seq == small.seq - 1
 
 
-def test_multi_node_site_is_bounded_by_its_loosest_node_and_forecast_nodes():
+def test_multi_node_site_is_bounded_by_the_sum_of_its_nodes_and_the_forecast_once():
     s = SiteSafety("s", GPU, GRAN, GUARD, VALID)
     s.add_node("a", enforced=True)
     s.add_node("b", enforced=True)
-    s.control_sent("a", 1, 32, 0.0)
+    s.control_sent("a", 1, 24, 0.0)
     s.control_acked("a", 1)
     assert s.grant_ceiling(0.0) == 0                       # b is still unknown: no grant on a's ack alone
-    s.control_sent("b", 2, 48, 0.0)
+    s.control_sent("b", 2, 32, 0.0)
     s.control_acked("b", 2)
-    assert s.grant_ceiling(0.0) == 72                      # 128 - max(32, 48) - 8
+    assert s.grant_ceiling(0.0) == 64                      # 128 - (24 + 32) - 8
     s.add_node("c", enforced=False)
-    s.forecast_sms = 60
-    assert s.basis() == "forecast" and s.grant_ceiling(0.0) == 56
-    s.control_sent("a", 3, 24, 0.0)
-    s.control_failed("a", 3)                               # refused: a keeps 32
-    assert s.nodes["a"].known == 32 and math.isinf(s.next_expiry())
+    s.add_node("d", enforced=False)
+    s.forecast_sms = 24                                    # the site's forecast: counted once for c and d
+    assert s.basis() == "forecast" and s.grant_ceiling(0.0) == 40
+    s.control_sent("a", 3, 16, 0.0)
+    s.control_failed("a", 3)                               # refused: a keeps 24
+    assert s.nodes["a"].known == 24 and math.isinf(s.next_expiry())
+
+
+def test_two_nodes_sharing_the_gpu_get_no_lease_that_fits_only_beside_the_larger_envelope():
+    # Failed on the old rule (max over nodes): 128 - max(48, 48) - 8 = 72 SMs granted beside two nodes
+    # that may together run 96 SMs, 176 SMs on a 128-SM GPU.
+    s = SiteSafety("s", GPU, GRAN, GUARD, VALID)
+    for cid, m in enumerate(("a", "b"), start=1):
+        s.add_node(m, enforced=True)
+        s.control_sent(m, cid, 48, 0.0)
+        s.control_acked(m, cid)
+    assert s.envelope_bound() == 96 and s.grant_ceiling(0.0) == 24
+    with pytest.raises(InvariantViolation):
+        s.lease_sent(72, 0.0)
+    s.lease_sent(24, 0.0)
+    assert s.slack(0.0) == 0
+    # loosening one node counts the other's envelope too: 56 + 48 + 24 + 8 > 128, 48 + 48 + 24 + 8 fits
+    assert not s.may_send_envelope("a", 56, 0.0) and s.may_send_envelope("a", 48, 0.0)
