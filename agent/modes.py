@@ -11,8 +11,8 @@ Rules (defaults in `ModeConfig`):
   tokens/s x mean granted share; unknown counts as promising, as in Gaia) >= (1 + margin) x CPU tokens/s;
 - demote gpu_preferred -> cpu_preferred when measured leased goodput x (1 + margin) <= CPU tokens/s
   (the same margin the other way: a hysteresis band), or when no usable lease came for `demote_after_s`
-  (cost demotion), or at once when overrun p99 exceeds the guard or the xApp reports a RAN deadline
-  miss (safety demotion, which also blocks promotion for `quiet_s`);
+  (cost demotion), or at once when overrun p99 exceeds the guard (safety demotion, which also blocks
+  promotion for `quiet_s`);
 - no throughput-driven switch within `cooldown_s` of the previous one.
 
 User SLOs (`agent.job.SLOs`, stated by the job or its config) come after the safety rules and before
@@ -70,7 +70,6 @@ class ModeController:
         self.tput: dict[str, deque[tuple[float, float]]] = {CPU: deque(), GPU: deque()}
         self.remembered: dict[str, float] = {}                  # device -> tokens/s at full device (conservative)
         self.overruns: deque[tuple[float, float]] = deque()
-        self.ran_miss = False
         self.switches: list[ModeSwitch] = []
         self.steps: deque[float] = deque([now])                 # optimizer-step times (start: the first interval)
         self.round_walls: deque[tuple[float, float]] = deque()  # (at, wall s) of cross-site rounds
@@ -99,9 +98,6 @@ class ModeController:
 
     def observe_overrun(self, now: float, overrun_ms: float) -> None:
         self.overruns.append((now, overrun_ms))
-
-    def observe_ran_miss(self, now: float) -> None:
-        self.ran_miss = True
 
     def observe_step(self, now: float) -> None:
         """An optimizer step was applied (on the current device)."""
@@ -203,10 +199,6 @@ class ModeController:
         if self.mode not in ("cpu_preferred", "gpu_preferred"):
             return None
         if self.mode == "gpu_preferred":
-            if self.ran_miss:
-                self.ran_miss = False
-                self.quiet_until = now + c.quiet_s
-                return self._switch(now, "cpu_preferred", "safety: RAN deadline miss attributed to training")
             over = sorted(v for _, v in self.overruns)
             if len(over) >= MIN_OVERRUN_SAMPLES:
                 p99 = over[min(len(over) - 1, int(0.99 * len(over)))]

@@ -69,12 +69,6 @@ def test_safety_demotion_is_immediate_and_blocks_promotion_for_the_quiet_window(
     assert [s.to_mode for s in sw] == ["gpu_preferred"]
 
 
-def test_ran_miss_demotes_at_once():
-    ctl = ModeController(ModeConfig(**{**CFG.__dict__, "mode": "gpu_preferred"}), now=0.0)
-    ctl.observe_ran_miss(5.0)
-    assert ctl.evaluate(5.0).reason.startswith("safety: RAN")
-
-
 def test_pinned_modes_never_switch_and_unusable_device_means_cpu():
     for mode in ("cpu", "gpu"):
         ctl = ModeController(ModeConfig(**{**CFG.__dict__, "mode": mode}), now=0.0)

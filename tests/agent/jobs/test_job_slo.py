@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from agent.config import LeaseClientConfig, ModeConfig, tiny_cpu
 from agent.job import JobSpec, SLOs
-from agent.modes import CPU, GPU, ModeController
+from agent.modes import CPU, GPU, MIN_OVERRUN_SAMPLES, ModeController
 from agent.monitors import cpu_facts
 from agent.site_agent import SiteAgent
 from tests.agent.broker import ScriptedBroker, wait_for
@@ -92,7 +92,8 @@ def test_round_deadline_breach_demotes_and_safety_comes_first():
     assert "12 s/round on gpu breaches <= 10" in sw[0].reason
     # after a safety demotion the quiet time holds, whatever an SLO wants
     ctl = ModeController(replace(CFG, mode="gpu_preferred"), slos=SLOs(min_tokens_per_s=1000))
-    ctl.observe_ran_miss(1.0)
+    for _ in range(MIN_OVERRUN_SAMPLES):
+        ctl.observe_overrun(1.0, 20.0)                              # p99 20 ms > guard 10 ms
     assert ctl.evaluate(1.0).reason.startswith("safety")
     assert run(ctl, 2, 500, tput={CPU: 300.0}) == []                # quiet_s = 600
     assert "cannot do better" in ctl.slo_breach
