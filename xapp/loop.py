@@ -316,27 +316,38 @@ def next_deadline(state: LoopState) -> float:
     return t
 
 
-def _accept(state: LoopState, rt: SiteRuntime, s: KpmSample) -> bool:
-    """Sequence and age of one sample. Dropped: a duplicate or older RICindicationSN (within the
-    staleness window; after a silence a restarted node's numbering starts again), and a sample whose
-    transit delay exceeds the node's recent floor by more than the staleness limit (it waited in a
-    queue: its data is old however recently it was dequeued). The floor is the windowed minimum of
-    received - collected, so the two clocks need no common origin; the collection time's resolution
-    (1 s in KPM v2.03) widens the margin."""
+def _accept(state: LoopState, rt: SiteRuntime, s: KpmSample) -> str:
+    """Sequence and age of one sample: "ok" to act on it, "baseline" to keep it only as the node's delay
+    baseline, "drop". Dropped: a duplicate or older RICindicationSN (within the staleness window; after a
+    silence a restarted node's numbering starts again), and a sample whose transit delay exceeds the
+    node's recent floor by more than the staleness limit (it waited in a queue: its data is old however
+    recently it was dequeued). The floor is the windowed minimum of received - collected, so the two
+    clocks need no common origin.
+    - The delay is the conservative reading of a coarse stamp: a period stamped t (whole seconds in KPM
+      v2.03) started in [t, t + resolution), so received - t is the oldest the sample may be. Its
+      resolution is not added to the limit (that reading let a sample 1.1 s past the floor through a
+      0.2 s limit); a clock that shows whole seconds cannot show a fresh sample younger than one second,
+      so the bound such a node is held to is max(limit, resolution), stated, not limit + resolution.
+    - A node's first timestamped sample has no floor to be judged against, and the clocks share no
+      origin, so nothing bounds its age: it becomes the baseline and is not acted on; the next sample,
+      judged against it, is (a queued first sample has the larger delay, so a fresh second one sets the
+      floor and passes)."""
     feed = rt.feeds.setdefault(s.meid, NodeFeed())
     limit = stale_limit(state)
     recent = s.received - feed.accepted_at <= limit
     if s.sn is not None and feed.sn is not None and recent and 0 <= (feed.sn - s.sn) % 65536 < 32768:
         feed.dropped += 1
-        return False
+        return "drop"
+    verdict = "ok"
     if s.collected_s is not None:
         delay = s.received - s.collected_s
+        verdict = "ok" if feed.delays else "baseline"
         feed.delays.append(delay)
-        if delay - min(feed.delays) > limit + s.collected_res_s:
+        if delay - min(feed.delays) > max(limit, s.collected_res_s):
             feed.dropped += 1
-            return False
+            return "drop"
     feed.sn, feed.accepted_at = s.sn, s.received
-    return True
+    return verdict
 
 
 def _drop_orphan(state: LoopState, meid: str) -> None:
@@ -444,7 +455,7 @@ def _ingest_one(state: LoopState, rt: SiteRuntime, s: KpmSample | KpmRefusal, no
         feed = rt.feeds.setdefault(s.meid, NodeFeed())
         feed.refused, feed.refused_total = s.reason, feed.refused_total + 1
         return
-    if not _accept(state, rt, s):
+    if _accept(state, rt, s) != "ok":
         return
     if s.meid not in rt.last or s.received - rt.last[s.meid].received > stale_limit(state):
         # first sample, or the first after a silence: the node may have restarted without its

@@ -85,6 +85,7 @@ def test_a_control_reply_from_another_node_or_requestor_is_not_ours():
 def test_kpm_out_of_sequence_or_delayed_by_its_collection_time_is_not_fresh():
     st = setup(cfg())
     feed = lambda t, sn, collected: replace(kpm("n1", t), sn=sn, collected_s=collected)  # noqa: E731
+    run(st, 0.05, [feed(0.05, 0, 999.95)], agents=frozenset({"s1"}))   # the node's delay baseline
     a = run(st, 0.1, [feed(0.1, 1, 1000.0)], agents=frozenset({"s1"}))
     run(st, 0.2, [feed(0.2, 2, 1000.1)], results=ack_all(a), agents=frozenset({"s1"}))
     assert st.sites["s1"].last["n1"].sn == 2
@@ -93,6 +94,34 @@ def test_kpm_out_of_sequence_or_delayed_by_its_collection_time_is_not_fresh():
     # after a stall, old indications dequeued at once: their transit delay is 0.5 s over the floor
     a = run(st, 0.8, [feed(0.8, 3, 1000.2)], agents=frozenset({"s1"}))
     assert st.sites["s1"].last["n1"].sn == 2 and of(a, RevokeLease, "s1")
+
+
+def test_a_nodes_first_timestamped_sample_is_only_its_delay_baseline():
+    # Failed before: with no floor to judge it against, any first sample passed, however long it queued.
+    st = setup(cfg())
+    feed = lambda t, sn, collected: replace(kpm("n1", t), sn=sn, collected_s=collected)  # noqa: E731
+    a = run(st, 0.1, [feed(0.1, 1, 1000.0)], agents=frozenset({"s1"}))
+    assert not of(a, SendControl) and "n1" not in st.sites["s1"].last
+    assert st.sites["s1"].last_view.reason == "stale-kpm"
+    a = run(st, 0.2, [feed(0.2, 2, 1000.1)], agents=frozenset({"s1"}))
+    assert of(a, SendControl, "s1") and st.sites["s1"].last["n1"].sn == 2
+    assert list(st.sites["s1"].feeds["n1"].delays) == [0.1 - 1000.0, 0.2 - 1000.1]
+
+
+def test_a_whole_second_stamp_is_read_as_old_as_it_may_be():
+    # Failed before: KPM v2.03 stamps whole seconds and its resolution widened the 0.2 s limit to 1.2 s,
+    # so a sample 1.1 s past the floor passed. Read conservatively (its period started at the stamp) it
+    # is held to max(limit, resolution) = 1 s: a fresh sample late in its second still passes.
+    st = setup(cfg())
+    feed = lambda t, sn, stamp: replace(kpm("n1", t), sn=sn, collected_s=stamp, collected_res_s=1.0)  # noqa: E731
+    run(st, 0.05, [feed(0.05, 0, 1000.0)], agents=frozenset({"s1"}))    # baseline: delay 0.05 - 1000
+    run(st, 0.1, [feed(0.1, 1, 1000.0)], agents=frozenset({"s1"}))
+    run(st, 1.0, [feed(1.0, 2, 1000.0)], agents=frozenset({"s1"}))      # 0.95 s into its second: fresh
+    assert st.sites["s1"].last["n1"].sn == 2
+    run(st, 1.15, [feed(1.15, 3, 1000.0)], agents=frozenset({"s1"}))    # 1.1 s past the floor: too old
+    assert st.sites["s1"].last["n1"].sn == 2 and st.sites["s1"].feeds["n1"].dropped == 1
+    run(st, 1.2, [feed(1.2, 4, 1001.0)], agents=frozenset({"s1"}))      # the next second's stamp: fresh
+    assert st.sites["s1"].last["n1"].sn == 4
 
 
 def test_loosening_waits_for_the_release_and_the_hard_end_bounds_the_wait():
