@@ -202,6 +202,9 @@ def build_config(args):
             cfg = replace(cfg, **{flag: getattr(args, flag)})
     if getattr(args, "phase", None) is not None:
         cfg = replace(cfg, enforcer=replace(cfg.enforcer, phase_fraction=args.phase))
+    for flag, key in (("ran_cores", "ran_cores"), ("worker_cpus", "worker_cpus"), ("worker_memory_mb", "memory_mb")):
+        if getattr(args, flag, None) is not None:
+            cfg = replace(cfg, confine=replace(cfg.confine, **{key: getattr(args, flag)}))
     return cfg
 
 
@@ -219,11 +222,12 @@ def _listen(serve, agent, addr: str, explicit: bool):
 
 
 def cmd_run(args) -> int:
-    from agent.crosssite.agent import CrossSiteAgent
+    """The supervisor (agent.supervisor): lease stream, inspection and /metrics here; the job in a worker
+    process confined by the kernel to each lease."""
+    from agent.confine import ConfinementError
     from agent.inspect_service import serve_inspect
-    from agent.job import JobError
     from agent.logs import setup as setup_logs
-    from agent.metrics import serve_metrics
+    from agent.supervisor import Supervisor, serve_supervisor_metrics
 
     setup_logs()        # plain on a terminal, the OSC MDC JSON lines in a pod (agent.logs)
     try:
@@ -232,29 +236,39 @@ def cmd_run(args) -> int:
         print(f"weaver-agent: bad configuration: {exc}", file=sys.stderr)
         return 2
     try:
-        cfg, evidence = starting_mode(cfg, args)
-        # SiteAgent until the lease stream names a Lighthouse; the job is built before it connects
-        agent = CrossSiteAgent(cfg, mode_evidence=evidence)
-    except JobError as exc:
-        print(f"weaver-agent: bad job: {exc}", file=sys.stderr)
+        sup = Supervisor(cfg, mode=args.mode, config_path=args.config, cooperative=args.cooperative)
+    except ConfinementError as exc:
+        print(f"weaver-agent: refusing to train: {exc}", file=sys.stderr)
         return 2
-    server, addr = _listen(serve_inspect, agent, cfg.inspect_addr, explicit=args.inspect_addr is not None)
-    metrics, metrics_addr = (_listen(serve_metrics, agent, cfg.metrics_addr, explicit=args.metrics_addr is not None)
-                             if cfg.metrics_addr else (None, "off"))
-    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
-    signal.signal(signal.SIGINT, lambda *_: agent.stop())
-    d = agent.device
-    units = f"{d.sm_count} SMs" if d.kind == "cuda" else f"{d.cores if d.core_share < 1 else d.sm_count:g} cores"
-    print(f"weaver-agent: site {cfg.lease.site_id}, device {d.kind} {d.name} ({units}), job {cfg.job.name}, "
-          f"{sum(p.numel() for p in agent.trainer.model.parameters())} params, "
-          f"mode {agent.modes.mode} ({evidence}), broker {cfg.lease.broker}, metrics on {metrics_addr}, inspect on {addr}",
-          flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sup.stop())
+    signal.signal(signal.SIGINT, lambda *_: sup.stop())
     try:
-        agent.run(max_seconds=args.max_seconds)
+        hello = sup.start()
+    except RuntimeError as exc:
+        sup.shutdown()
+        print(f"weaver-agent: {exc}", file=sys.stderr)
+        return 2
+    server, addr = _listen(serve_inspect, sup, cfg.inspect_addr, explicit=args.inspect_addr is not None)
+    metrics, metrics_addr = (_listen(serve_supervisor_metrics, sup, cfg.metrics_addr,
+                                     explicit=args.metrics_addr is not None)
+                             if cfg.metrics_addr else (None, "off"))
+    d = sup.device
+    units = f"{d.sm_count} SMs" if d.kind == "cuda" else f"{d.cores if d.core_share < 1 else d.sm_count:g} cores"
+    bound = sup.confinement + (f" ({sup.confinement_why})" if sup.confinement_why else "")
+    print(f"weaver-agent: site {cfg.lease.site_id}, device {d.kind} {d.name} ({units}), job {hello['job']}, "
+          f"{hello['params']} params, mode {hello['mode']} ({hello['mode_evidence']}), broker {cfg.lease.broker}, "
+          f"worker pid {sup.worker.pid} bound by {bound}"
+          + (f" meter {sup.cgroup.meter_path()}" if sup.cgroup else "")
+          + f", metrics on {metrics_addr}, inspect on {addr}", flush=True)
+    try:
+        sup.run(max_seconds=args.max_seconds)
     finally:
         server.stop(grace=0.5)
         if metrics is not None:
             metrics.shutdown()
+    if sup.worker_exit and not sup.worker_exit.endswith(" 0"):
+        print(f"weaver-agent: {sup.worker_exit}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -281,6 +295,12 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-seconds", type=float, help="stop after this long (tests, demos)")
     run.add_argument("--job", help="training job package.module:factory (default: the shipped char-GPT)")
     run.add_argument("--job-arg", action="append", default=[], metavar="K=V", help="factory argument (repeatable)")
+    run.add_argument("--cooperative", action="store_true",
+                     help="train even where no writable cgroup can confine the worker (its own accounting is then "
+                          "the only bound; reported in status and registration)")
+    run.add_argument("--ran-cores", help="cpu list the RAN owns: the worker's cpuset keeps off it")
+    run.add_argument("--worker-cpus", help="the worker's cpuset (default: every online cpu less --ran-cores)")
+    run.add_argument("--worker-memory-mb", type=int, help="the worker tree's memory limit (0 = none)")
     run.set_defaults(fn=cmd_run)
     ins = sub.add_parser("inspect-job", help="the execution mode the identifier gives a job, with its evidence")
     ins.add_argument("target", help="package.module:factory or path/to/file.py:factory")

@@ -116,12 +116,38 @@ class ModeConfig:
 
 
 @dataclass(frozen=True)
+class ConfinementConfig:
+    """How the supervisor bounds the training worker's process tree (agent.confine, agent.supervisor)."""
+    ran_cores: str = ""          # cpu list the RAN owns ("2-5"): the worker's cpuset keeps off them
+    worker_cpus: str = ""        # the worker's cpuset ("" = every online cpu less ran_cores)
+    worker_cores: float = 0.0    # a GPU site's worker host CPU quota while leased (0 = its cpuset's cores)
+    memory_mb: int = 16384       # the worker tree's memory limit (0 = none)
+    startup_cores: float = 0.0   # while the job is built, before any lease (0 = the stand-in's cores)
+    shutdown_cores: float = 0.0  # for the final checkpoint after the last lease (0 = a tenth of them, >= 0.05)
+
+    def __post_init__(self) -> None:
+        from agent.confine import parse_cpu_list
+        for name in ("ran_cores", "worker_cpus"):
+            try:
+                parse_cpu_list(getattr(self, name))
+            except ValueError:
+                raise ValueError(f"ConfinementConfig.{name} must be a cpu list like '0-3,6', got "
+                                 f"{getattr(self, name)!r}") from None
+        for name in ("worker_cores", "startup_cores", "shutdown_cores"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ConfinementConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.memory_mb < 0:
+            raise ValueError(f"ConfinementConfig.memory_mb must be >= 0, got {self.memory_mb}")
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     enforcer: EnforcerConfig = field(default_factory=EnforcerConfig)
     lease: LeaseClientConfig = field(default_factory=LeaseClientConfig)
     modes: ModeConfig = field(default_factory=ModeConfig)
     job: JobSpec = field(default_factory=JobSpec)   # what to train ("" target = the shipped char-GPT)
+    confine: ConfinementConfig = field(default_factory=ConfinementConfig)
     device: str = "auto"          # auto | cpu | cuda
     cores: float = 0              # CPU cores offered to leases (may be fractional); 0 = os.cpu_count()
     checkpoint_dir: str = "checkpoints"
@@ -149,7 +175,7 @@ def _build(cls, data, where: str):
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
     kw = {}
     nested = {"model": GPTConfig, "train": TrainConfig, "enforcer": EnforcerConfig,
-              "lease": LeaseClientConfig, "modes": ModeConfig, "job": JobSpec, "slos": SLOs}
+              "lease": LeaseClientConfig, "modes": ModeConfig, "confine": ConfinementConfig, "job": JobSpec, "slos": SLOs}
     for key, value in data.items():
         if key in nested and isinstance(value, dict) and not (cls is JobSpec and key == "args"):
             kw[key] = _build(nested[key], value, f"{where}.{key}")

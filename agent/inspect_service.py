@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import threading
 from concurrent import futures
+from typing import TYPE_CHECKING
 
 import grpc
 
-from agent.site_agent import SiteAgent
 from schemas.proto.weaver.v1 import lease_pb2, lease_pb2_grpc
+
+if TYPE_CHECKING:   # a SiteAgent in tests, the agent.supervisor.Supervisor in `weaver-agent run`
+    from agent.site_agent import SiteAgent
 
 MAX_HISTORY = 256
 MAX_WATCHERS = 4        # open Watch streams at once; each holds one pool thread

@@ -153,6 +153,7 @@ class LeaseClient:
         self.mode = mode
         self.job = ""              # the training job and the evidence for the mode, both registered
         self.mode_evidence = ""
+        self.confinement = ""      # what bounds the training worker (agent.supervisor), registered
         self.capabilities = capabilities
         self.clock = clock          # the agent's clock: every event time, and the offset samples
         self.wall = wall            # unix seconds: only to stamp what the agent sends
@@ -244,7 +245,7 @@ class LeaseClient:
         return lease_pb2.AgentMessage(register=lease_pb2.Register(
             site_id=self.config.site_id, agent_id=self.agent_id, device=self.device.to_proto(),
             capabilities=list(self.capabilities), token=self.config.token, mode=self.mode,
-            job=self.job, mode_evidence=self.mode_evidence))
+            job=self.job, mode_evidence=self.mode_evidence, confinement=self.confinement))
 
     def _requests(self, stream: _Stream):
         # Each send time is taken before the message is handed over, so it can only be early: the bound

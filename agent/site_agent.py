@@ -96,7 +96,7 @@ class LeaseRecord:
 
 class SiteAgent:
     def __init__(self, config: AgentConfig, *, device: DeviceFacts | None = None, trainer: Trainer | None = None,
-                 clock=time.monotonic, mode_evidence: str = ""):
+                 clock=time.monotonic, mode_evidence: str = "", client_factory=LeaseClient):
         self.config = config
         self.clock = clock
         self.device = device or detect_device(config.device, config.cores)
@@ -113,7 +113,8 @@ class SiteAgent:
         self.partitions = GreenContextPool(self.device.sm_count, self.device.granularity,
                                            enabled=self.device.kind == "cuda" and self.device.green_contexts)
         self.store = CheckpointStore(config.checkpoint_dir, config.train.keep_last)
-        self.client = LeaseClient(config.lease, self.device, mode=self.modes.mode)
+        # the lease stream: gRPC to the broker, or in a confined worker the link to its supervisor
+        self.client = client_factory(config.lease, self.device, mode=self.modes.mode)
         self.client.job, self.client.mode_evidence = config.job.name, mode_evidence
         self.mode_reason = "" if self.modes.mode == config.modes.mode else "leased device unusable"
         self.history: deque[LeaseRecord] = deque(maxlen=256)

@@ -74,6 +74,10 @@ class Registration:
     job: str = ""               # the training job it runs (shown, never acted on)
     mode_evidence: str = ""     # why it runs in `mode` (the agent's Execution Mode Identifier)
     cores: float = 0.0          # a CPU stand-in's fractional cores (0 = sm_count)
+    confinement: str = ""       # what bounds its training worker: cgroup-v1 | cgroup-v2 | cooperative ("" = not said)
+
+
+CONFINEMENTS = ("", "cgroup-v1", "cgroup-v2", "cooperative")
 
 
 def _ident(value: str, name: str) -> str:
@@ -108,9 +112,12 @@ def check_register(msg: lease_pb2.Register, known_sites: set[str], secret: str |
     if msg.mode not in MODES:
         raise BadRequest(f"register.mode: expected one of {MODES[1:]}, got {msg.mode!r}")
     caps = tuple(_ident(c, "register.capabilities[]") for c in msg.capabilities)
+    if msg.confinement not in CONFINEMENTS:
+        raise BadRequest(f"register.confinement: expected one of {CONFINEMENTS[1:]} or empty, got {msg.confinement[:40]!r}")
     return Registration(site_id=site, agent_id=agent, kind=d.kind, sm_count=d.sm_count, granularity=d.granularity,
                         capabilities=caps, mode=msg.mode, cores=d.cores,
-                        job=msg.job[:MAX_SHOWN], mode_evidence=msg.mode_evidence[:MAX_SHOWN])
+                        job=msg.job[:MAX_SHOWN], mode_evidence=msg.mode_evidence[:MAX_SHOWN],
+                        confinement=msg.confinement)
 
 
 def check_usage(u: lease_pb2.UsageReport) -> None:

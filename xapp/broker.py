@@ -230,8 +230,9 @@ class LeaseBroker:
         sess = _Session(reg.site_id, sid)
         self.sessions[reg.site_id] = sess
         self.events.append((self.wall(), reg.site_id, "agent-connected", reg.agent_id))
-        log.info("agent %s connected for site %s (%s, %d SMs / %d), job %s, mode %s: %s", reg.agent_id, reg.site_id,
-                 reg.kind, reg.sm_count, reg.granularity, reg.job or "-", reg.mode, reg.mode_evidence or "-")
+        log.info("agent %s connected for site %s (%s, %d SMs / %d), job %s, mode %s: %s, worker bound by %s",
+                 reg.agent_id, reg.site_id, reg.kind, reg.sm_count, reg.granularity, reg.job or "-", reg.mode,
+                 reg.mode_evidence or "-", reg.confinement or "(not said)")
         yield lease_pb2.BrokerMessage(welcome=lease_pb2.Welcome(
             site_id=reg.site_id, epoch=self.book.epoch, heartbeat_ms=self.cfg.broker.heartbeat_ms,
             cross_site=self.cross_site(), sent_unix_ms=int(self.wall() * 1000))).SerializeToString()

@@ -202,7 +202,7 @@ async def agents(request):
         r = a.reg
         out.append({"site_id": sid, "agent_id": r.agent_id, "kind": r.kind, "sm_count": r.sm_count,
                     "granularity": r.granularity, "mode": r.mode, "capabilities": list(r.capabilities),
-                    "job": r.job, "mode_evidence": r.mode_evidence,
+                    "job": r.job, "mode_evidence": r.mode_evidence, "confinement": r.confinement,
                     "last_seen_s": round(x.now() - a.last_seen, 3), "reports": a.reports})
     return web.json_response({"agents": out, "epoch": x.epoch})
 

@@ -1,0 +1,474 @@
+"""The supervisor: the agent's network side, and the kernel bound on its training worker.
+
+`weaver-agent run` is this process. It holds the lease stream to the broker (agent.lease_client, with
+the site's credential), the AgentInspect service and /metrics, and it never touches the GPU nor runs
+job code: the job runs in the worker (agent.worker), a child it starts inside a cgroup of its own
+(agent.confine) before the worker executes anything, so every thread, loader process and child of the
+job is inside it too. The worker's loop still plans its work inside each lease (agent.enforcer); the
+kernel is the bound:
+
+    lease granted          -> the cgroup's CPU quota := the lease's cores, thawed, then the lease is passed on
+    revoked / disconnected -> frozen (the kernel says so), then the event is passed on
+    the lease's hard end   -> frozen, unless a newer lease arrived
+    nothing held           -> frozen
+
+Because a frozen tree executes nothing, the supervisor itself acknowledges a revocation or an expiry
+to the broker (LeaseReleased) once the freeze is complete, and drops the worker's later release of the
+same lease. `LeaseGate` is that rule as a state machine (no I/O); `Supervisor` wires it to the cgroup,
+the broker and the worker. On a GPU the lease's SMs are the worker's green context (agent.partition);
+its cgroup then holds the worker's host CPU to `confine.worker_cores`, and frozen is still frozen.
+
+Without a writable cgroup the agent refuses to train, unless `--cooperative` says the operator accepts
+the worker's good manners as the only bound (reported in status and in the registration).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+
+from agent import worker_link as wl
+from agent.confine import (
+    ConfinementError,
+    WorkerCgroup,
+    detect,
+    online_cpus,
+    parse_cpu_list,
+    sweep_stale,
+)
+from agent.enforcer import LeaseTerms
+from agent.lease_client import (
+    Connected,
+    CrossSiteChanged,
+    Disconnected,
+    LeaseClient,
+    LeaseGranted,
+    LeaseRevoked,
+)
+from agent.monitors import DeviceFacts
+from schemas.proto.weaver.v1 import lease_pb2
+
+log = logging.getLogger("weaver.agent.supervisor")
+
+HELLO_TIMEOUT_S = 600.0    # building a large job (tokenizer, weights from disk) may take minutes
+STOP_GRACE_S = 20.0        # a stopping worker's final checkpoint
+TICK_S = 0.002             # the hard-end timer's resolution
+COOPERATIVE = "cooperative"
+
+
+# --- the rule ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Run:
+    cores: float            # the worker tree's CPU quota
+
+
+@dataclass(frozen=True)
+class Freeze:
+    lease_id: str           # the lease that ends ("" = none was held)
+    reason: str
+
+
+class LeaseGate:
+    """Which state the worker's cgroup must be in, from the lease stream (sans-IO).
+
+    `cores_for(terms)`: the CPU a lease allows the worker tree. A CPU stand-in's leased cores are the
+    lease's share of the whole stand-in (duty = sm_count / gpu_sms, as the broker grants it); on a GPU the
+    worker's host cores."""
+
+    def __init__(self, device: DeviceFacts, worker_cores: float) -> None:
+        self.device = device
+        self.worker_cores = worker_cores
+        self.held: LeaseTerms | None = None
+
+    def cores_for(self, t: LeaseTerms) -> float:
+        if self.device.kind == "cpu":
+            whole = self.device.cores if 0 < self.device.cores < self.device.sm_count else self.device.sm_count
+            return t.duty * whole
+        return self.worker_cores
+
+    def grant(self, t: LeaseTerms, now: float) -> Run | Freeze:
+        if t.sm_count == 0 or t.expires_at <= now or self.cores_for(t) <= 0:
+            return self.end(now, t.lease_id, "empty" if t.sm_count == 0 else "expired")
+        self.held = t
+        return Run(self.cores_for(t))
+
+    def end(self, now: float, lease_id: str = "", reason: str = "revoked") -> Freeze | None:
+        """A revocation of `lease_id` ("" = all) or a lost stream. None: it names a lease already ended."""
+        held = self.held
+        if lease_id and held is not None and lease_id != held.lease_id:
+            return None
+        self.held = None
+        return Freeze(held.lease_id if held else "", reason)
+
+    def expired(self, now: float) -> Freeze | None:
+        if self.held is not None and now >= self.held.expires_at:
+            return self.end(now, "", "expired")
+        return None
+
+    def next_deadline(self) -> float | None:
+        return self.held.expires_at if self.held else None
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    path: str
+    step: int
+
+
+# --- the process ---------------------------------------------------------------------------------
+@dataclass
+class _Snapshot:
+    status: lease_pb2.AgentStatus
+    leases: list[lease_pb2.LeaseRecord]
+    metrics: str = ""
+    at: float = 0.0
+
+
+class Supervisor:
+    def __init__(self, cfg, *, mode: str | None = None, config_path: str | None = None,
+                 cooperative: bool = False, python: str = sys.executable) -> None:
+        self.cfg = cfg
+        self.mode_flag, self.config_path = mode, config_path
+        self.python = python
+        self.stop_event = threading.Event()
+        self.cgroup: WorkerCgroup | None = None
+        self.confinement = COOPERATIVE
+        self.confinement_why = ""
+        try:
+            host = detect()
+            sweep_stale(host)
+            self.cgroup = WorkerCgroup(host)
+            self.confinement = f"cgroup-v{host.version}"
+        except (ConfinementError, OSError) as exc:
+            if not cooperative:
+                raise ConfinementError(f"no kernel confinement for the training worker: {exc}; "
+                                       "pass --cooperative to train with the worker's own accounting as the only bound") from None
+            self.confinement_why = str(exc)
+        self.worker: subprocess.Popen | None = None
+        self.client: LeaseClient | None = None
+        self.gate: LeaseGate | None = None
+        self.device: DeviceFacts | None = None
+        self.hello: dict = {}
+        self.snapshot: _Snapshot | None = None
+        self.frozen_since: float | None = None
+        self.freeze_latencies_s: list[float] = []   # revoke/expiry -> the kernel says frozen (last 1024)
+        self.released_seq = -1                      # the supervisor released every lease up to this seq
+        self._seq_of: dict[str, int] = {}           # lease id -> seq, of the leases granted lately
+        self.worker_exit: str = ""
+        self._sock: socket.socket | None = None
+        self._wlock = threading.Lock()
+        self._lock = threading.Lock()
+        self._ckpt: dict[int, tuple[threading.Event, list]] = {}
+        self._ckpt_id = 0
+        self._cpu0 = time.process_time()
+
+    # --- start ---------------------------------------------------------------------------------
+    def _worker_cpus(self) -> set[int]:
+        c = self.cfg.confine
+        cpus = parse_cpu_list(c.worker_cpus) if c.worker_cpus else online_cpus()
+        return cpus - (parse_cpu_list(c.ran_cores) if c.ran_cores else set())
+
+    def start(self) -> dict:
+        """Start the worker and wait for its hello (its job built); then freeze it and connect."""
+        ours, theirs = socket.socketpair()
+        self._sock = ours
+        cfg_json = json.dumps(replace(self.cfg, lease=replace(self.cfg.lease, token="")).to_dict())
+        argv = [self.python, "-m", "agent.worker", "--link-fd", str(theirs.fileno()), "--config-json", cfg_json]
+        if self.mode_flag:
+            argv += ["--mode", self.mode_flag]
+        if self.config_path:
+            argv += ["--config", self.config_path]
+        procs = []
+        if self.cgroup is not None:
+            c = self.cfg.confine
+            self.cgroup.create(cpus=self._worker_cpus(), memory_limit_bytes=c.memory_mb << 20)
+            self.cgroup.set_cores(self._startup_cores())
+            procs = [str(p) for p in self.cgroup.procs_files()]
+        env = {k: v for k, v in os.environ.items() if k != "WEAVER_AGENT_TOKEN"}   # the credential stays here
+
+        def enter_cgroup():   # in the child, before exec: the worker runs nothing outside its cgroup
+            for f in procs:
+                with open(f, "w") as fh:
+                    fh.write(str(os.getpid()))
+        self.worker = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), env=env,
+                                       preexec_fn=enter_cgroup if procs else None)
+        theirs.close()
+        dec = wl.FrameDecoder(wl.TO_SUPERVISOR)
+        ours.settimeout(HELLO_TIMEOUT_S)
+        pending: list[dict] = []
+        while not pending:
+            try:
+                data = ours.recv(1 << 16)
+            except TimeoutError:
+                raise RuntimeError(f"the worker said nothing in {HELLO_TIMEOUT_S:.0f} s") from None
+            if not data:
+                rc = self.worker.wait()
+                raise RuntimeError(f"the worker exited ({rc}) before its job was built")
+            pending = dec.feed(data)
+        ours.settimeout(None)
+        hello = pending.pop(0)
+        if hello["t"] != "hello":
+            raise wl.LinkError(f"the worker's first message was {hello['t']!r}, not hello")
+        self.hello = hello
+        self.device = DeviceFacts(**hello["device"])
+        self.gate = LeaseGate(self.device, self.cfg.confine.worker_cores or float(len(self._worker_cpus())))
+        self._freeze("", "")                    # no lease yet
+        self.client = LeaseClient(self.cfg.lease, self.device, mode=hello["mode"])
+        self.client.job, self.client.mode_evidence = hello["job"], hello["mode_evidence"]
+        self.client.confinement = self.confinement
+        for m in pending:
+            self._from_worker(m)
+        threading.Thread(target=self._read_worker, args=(dec,), name="worker-link", daemon=True).start()
+        self.client.start()
+        return hello
+
+    def _startup_cores(self) -> float:
+        """The job is built before any lease (model, data): at most the stand-in's whole GPU, or the
+        worker's host cores on a GPU site. Nothing is connected yet, so nothing is leased either."""
+        c = self.cfg.confine
+        if c.startup_cores:
+            return c.startup_cores
+        return self.cfg.cores if self.cfg.cores else float(len(self._worker_cpus()))
+
+    # --- the kernel side ---------------------------------------------------------------------------
+    def _freeze(self, lease_id: str, reason: str) -> float:
+        took = 0.0
+        if self.cgroup is not None and not self.cgroup.frozen:
+            took = self.cgroup.freeze()
+            if lease_id:
+                self.freeze_latencies_s = [*self.freeze_latencies_s[-1023:], took]
+        if self.frozen_since is None:
+            self.frozen_since = time.monotonic()
+        return took
+
+    def _run(self, cores: float) -> None:
+        if self.cgroup is not None:
+            self.cgroup.set_cores(cores)
+            if self.cgroup.frozen:
+                self.cgroup.thaw()
+        self.frozen_since = None
+
+    def _apply(self, action, at: float) -> None:
+        if isinstance(action, Run):
+            self._run(action.cores)
+        elif isinstance(action, Freeze):
+            took = self._freeze(action.lease_id, action.reason)
+            if action.lease_id and action.reason in ("revoked", "expired", "shutdown") and self.client.connected:
+                # frozen: nothing runs under it (nor any earlier lease) any more, which is what a release says
+                self.released_seq = max(self.released_seq, self._seq_of.get(action.lease_id, -1))
+                overrun_ms = took * 1e3 if action.reason == "expired" else max(0.0, time.monotonic() - at) * 1e3
+                self.client.send_release(action.lease_id, action.reason, overrun_ms, 0)
+
+    def _pump(self) -> None:
+        """Lease events -> the kernel first, then the worker; the hard-end timer in between."""
+        while not self.stop_event.is_set():
+            deadline = self.gate.next_deadline()
+            wait = TICK_S if deadline is None else max(0.0, min(0.05, deadline - time.monotonic()))
+            events = self.client.poll(wait if deadline is not None else 0.05)
+            now = time.monotonic()
+            with self._lock:
+                exp = self.gate.expired(now)
+                if exp is not None:
+                    self._apply(exp, now)
+                for ev in events:
+                    self._on_event(ev)
+            if self.worker is not None and self.worker.poll() is not None:
+                self.worker_exit = f"worker exited with {self.worker.returncode}"
+                self.stop_event.set()
+
+    def _on_event(self, ev) -> None:
+        now = time.monotonic()
+        if isinstance(ev, LeaseGranted):
+            t = ev.terms
+            self._seq_of[t.lease_id] = t.seq
+            if len(self._seq_of) > 256:
+                del self._seq_of[next(iter(self._seq_of))]
+            self._apply(self.gate.grant(t, now), now)
+            self._to_worker({"t": "lease", "terms": wl.terms_to_json(t)})
+        elif isinstance(ev, LeaseRevoked):
+            action = self.gate.end(now, ev.lease_id, "revoked")
+            if action is not None:
+                self._apply(action, ev.at)
+            self._to_worker({"t": "revoke", "at": ev.at, "lease_id": ev.lease_id, "reason": ev.reason})
+        elif isinstance(ev, Disconnected):
+            self._apply(self.gate.end(now, "", "disconnected"), ev.at)
+            self._to_worker({"t": "disconnected", "at": ev.at, "reason": ev.reason})
+        elif isinstance(ev, Connected):
+            self._to_worker({"t": "connected", "at": ev.at, "site_id": ev.site_id, "epoch": ev.epoch,
+                             "heartbeat_ms": ev.heartbeat_ms,
+                             "cross_site": wl.pb(ev.cross_site) if ev.cross_site is not None else ""})
+        elif isinstance(ev, CrossSiteChanged):
+            self._to_worker({"t": "cross_site", "at": ev.at, "pb": wl.pb(ev.config)})
+
+    # --- the worker side -----------------------------------------------------------------------------
+    def _to_worker(self, msg: dict) -> None:
+        try:
+            with self._wlock:
+                self._sock.sendall(wl.encode(msg))
+        except OSError:
+            pass   # it is gone: _pump sees the exit
+
+    def _read_worker(self, dec: wl.FrameDecoder) -> None:
+        try:
+            while True:
+                data = self._sock.recv(1 << 16)
+                if not data:
+                    break
+                for m in dec.feed(data):
+                    self._from_worker(m)
+        except (OSError, wl.LinkError) as exc:
+            if not self.stop_event.is_set():
+                log.error("worker link broken: %s; stopping the worker", exc)
+                if self.cgroup is not None:
+                    self.cgroup.kill_all()
+        self.stop_event.set()
+
+    def _from_worker(self, m: dict) -> None:
+        t, c = m["t"], self.client
+        if t == "usage":
+            c.send_usage(wl.unpb(lease_pb2.UsageReport, m["pb"]))
+        elif t == "release":
+            seq = self._seq_of.get(str(m["lease_id"]))
+            if seq is not None and seq <= self.released_seq:
+                return   # the supervisor already released it (or a later one), frozen
+            c.send_release(str(m["lease_id"]), str(m["reason"]), float(m["overrun_ms"]), int(m["held_sm_count"]))
+        elif t == "transfer":
+            c.send_transfer_plan(int(m["round"]), int(m["bytes"]), int(m["deadline_unix_ms"]), int(m["workers"]))
+        elif t == "round":
+            c.send_round_report(int(m["round"]), bool(m["committed"]), int(m["participants"]), int(m["tokens"]),
+                                int(m["bytes_sent"]), float(m["wall_ms"]), float(m["wait_ms"]))
+        elif t == "mode":
+            c.mode = str(m["mode"])
+        elif t == "snapshot":
+            leases = list(wl.unpb(lease_pb2.LeaseHistory, m["leases"]).leases)
+            metrics = m.get("metrics") or (self.snapshot.metrics if self.snapshot else "")
+            self.snapshot = _Snapshot(wl.unpb(lease_pb2.AgentStatus, m["status"]), leases, metrics, time.monotonic())
+        elif t == "checkpoint_done":
+            with self._lock:
+                slot = self._ckpt.pop(int(m["id"]), None)
+            if slot is not None:
+                slot[1].append(m)
+                slot[0].set()
+
+    # --- what AgentInspect asks (agent.inspect_service) -----------------------------------------------
+    def status(self) -> lease_pb2.AgentStatus:
+        st = lease_pb2.AgentStatus()
+        if self.snapshot is not None:
+            st.CopyFrom(self.snapshot.status)
+        st.connected = bool(self.client and self.client.connected)
+        st.agent_id = self.client.agent_id if self.client else ""
+        st.confinement = self.confinement
+        st.worker_frozen = self.frozen_since is not None
+        st.supervisor_cpu_s = time.process_time() - self._cpu0
+        if self.cgroup is not None:
+            try:
+                st.worker_cpu_s = self.cgroup.usage_ns() / 1e9
+            except OSError:
+                pass
+        if self.gate is not None and self.gate.held is None:
+            st.ClearField("lease")
+            st.lease_remaining_ms = 0.0
+        return st
+
+    def leases(self, limit: int = 0) -> list[lease_pb2.LeaseRecord]:
+        recs = list(self.snapshot.leases) if self.snapshot else []
+        return recs[-limit:] if limit else recs
+
+    def request_checkpoint(self, timeout: float = 30.0):
+        done, box = threading.Event(), []
+        with self._lock:
+            self._ckpt_id += 1
+            self._ckpt[self._ckpt_id] = (done, box)
+            cid = self._ckpt_id
+        self._to_worker({"t": "checkpoint", "id": cid, "timeout": timeout})
+        if not done.wait(timeout):
+            with self._lock:
+                self._ckpt.pop(cid, None)
+            frozen = " (the worker is frozen: no lease; it is taken at the next one)" if self.frozen_since else ""
+            raise TimeoutError(f"the training worker did not take the checkpoint in time{frozen}")
+        m = box[0]
+        if "error" in m:
+            raise TimeoutError(str(m["error"]))
+        return CheckpointRef(m["path"], int(m["step"]))
+
+    def metrics_text(self) -> str:
+        """The worker's exposition (as of its last snapshot) and the supervisor's own families."""
+        site = self.cfg.lease.site_id
+        lines = [self.snapshot.metrics.rstrip("\n")] if self.snapshot and self.snapshot.metrics else []
+        fl = sorted(self.freeze_latencies_s)
+        p99 = fl[min(len(fl) - 1, int(0.99 * len(fl)))] if fl else 0.0
+        own = [("weaver_agent_supervisor_cpu_seconds_total", "counter", "CPU of the supervisor (lease stream, "
+                "inspection, metrics): outside the worker's cgroup", time.process_time() - self._cpu0),
+               ("weaver_agent_worker_frozen", "gauge", "1 while the worker's cgroup is frozen (no lease)",
+                1.0 if self.frozen_since is not None else 0.0),
+               ("weaver_agent_freeze_seconds_p99", "gauge", "revocation/expiry -> the kernel reports the worker "
+                "frozen, p99 of the last 1024", p99)]
+        if self.cgroup is not None:
+            try:
+                own.append(("weaver_agent_worker_cpu_seconds_total", "counter",
+                            "CPU the worker's cgroup executed (every thread and child)", self.cgroup.usage_ns() / 1e9))
+            except OSError:
+                pass
+        for name, kind, helptext, v in own:
+            lines += [f"# HELP {name} {helptext}", f"# TYPE {name} {kind}", f'{name}{{site="{site}"}} {v!r}']
+        return "\n".join(lines) + "\n"
+
+    # --- stop ----------------------------------------------------------------------------------------
+    def run(self, max_seconds: float | None = None) -> None:
+        if max_seconds is not None:
+            timer = threading.Timer(max_seconds, self.stop_event.set)
+            timer.daemon = True
+            timer.start()
+        try:
+            self._pump()
+        finally:
+            self.shutdown()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def shutdown(self) -> None:
+        """Release what is held (frozen first), let the worker write its last checkpoint at the shutdown
+        quota, then remove the cgroup (killing whatever is left) and close the stream."""
+        self.stop_event.set()
+        with self._lock:
+            if self.gate is not None and self.gate.held is not None and self.client is not None:
+                self._apply(self.gate.end(time.monotonic(), "", "shutdown"), time.monotonic())
+        if self.worker is not None and self.worker.poll() is None:
+            self._to_worker({"t": "stop"})
+            self._run(self.cfg.confine.shutdown_cores or max(0.05, 0.1 * (self.cfg.cores or 1.0)))
+            try:
+                self.worker.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                log.warning("the worker did not stop in %.0f s: killed", STOP_GRACE_S)
+                self.worker.kill()
+                self.worker.wait()
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        if self.client is not None:
+            self.client.stop()
+
+
+def serve_supervisor_metrics(sup: Supervisor, addr: str = "127.0.0.1:0"):
+    """`/metrics` of the worker (its last snapshot) and of the supervisor, on localhost."""
+    from wsgiref.simple_server import make_server
+
+    from agent.metrics import _Quiet, _Server
+    host, _, port = addr.rpartition(":")
+
+    def app(environ, start_response):
+        if environ.get("PATH_INFO") != "/metrics":
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"only /metrics is served here\n"]
+        start_response("200 OK", [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")])
+        return [sup.metrics_text().encode()]
+
+    server = make_server(host, int(port), app, server_class=_Server, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server, f"{host}:{server.server_address[1]}"
