@@ -58,6 +58,11 @@ class EnforcerConfig:
     # the budget). 0 on a DU (its GPU is its own); CPU stand-ins sharing one host's cores are staggered,
     # or they all compute at the start of every period and preempt each other (`weaver up` sets it).
     phase_fraction: float = 0.0
+    # The kernel holds the worker to the lease's cores (agent.confine: a CFS quota over 5 ms periods, frozen
+    # at the lease's end), so a window is no wall-clock slot the work must end in: a launch may run past
+    # the window's end (its CPU is the next window's debt) and only the lease's hard end bounds it. The
+    # supervisor sets it for a confined worker; the planning by CPU budget and fit stays.
+    kernel_bound: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.safety <= 1.0:

@@ -170,16 +170,18 @@ def _rmtree_cgroup(d: Path) -> None:
 
 def sweep_stale(host: CgroupHost) -> list[Path]:
     """Remove the subtrees of agents that are gone (killed before they could clean up). Only ours:
-    directories named weaver-agent-<pid> whose pid is dead and that hold no task."""
+    directories named weaver-agent-<pid> whose pid is dead. A worker orphaned there (its supervisor was
+    SIGKILLed while it was frozen, so it never saw its link close) is killed first: nothing holds a lease
+    for it any more."""
     removed = []
     for d in set(host.dirs.values()):
         for sub in d.glob(PREFIX + "*"):
             m = re.fullmatch(PREFIX + r"(\d+)", sub.name)
             if not m or _pid_alive(int(m.group(1))):
                 continue
-            if any((p / "cgroup.procs").exists() and (p / "cgroup.procs").read_text().strip()
-                   for p in [sub, *sub.rglob("*")] if p.is_dir()):
-                continue
+            for leaf in (p for p in sub.iterdir() if p.is_dir()):
+                cg = WorkerCgroup(host, name=leaf.name, owner_pid=int(m.group(1)))
+                cg.remove()
             _rmtree_cgroup(sub)
             removed.append(sub)
     return removed
@@ -230,7 +232,7 @@ class WorkerCgroup:
     def remove(self) -> None:
         """Kill whatever is left in it, then remove this agent's whole subtree."""
         self.kill_all()
-        if self.frozen:
+        with contextlib.suppress(OSError):
             self.thaw()   # a SIGKILL is delivered only once the task runs
         deadline = time.monotonic() + 2.0
         while self.pids() and time.monotonic() < deadline:

@@ -527,6 +527,8 @@ class BudgetEnforcer:
         if lease.budget_s <= 0:
             return Idle(min(w.end, lease.expires_at), "zero-lease")
         lease_end = min(w.end, lease.expires_at)
+        if self.config.kernel_bound:
+            return self._decide_kernel_bound(now, w, lease, lease_end, pending_samples, step_samples)
         start_at = self.work_start()
         if self.config.phase_fraction and w.busy_s == 0 and now < start_at:
             return Idle(min(start_at, lease_end), "phase")
@@ -629,6 +631,32 @@ class BudgetEnforcer:
             return Launch(size, self.fit.predict(size, edge, cold) if self.fit.ready else 0.0)
         return idle
 
+    def _decide_kernel_bound(self, now: float, w: _Window, lease: LeaseTerms, lease_end: float,
+                             pending_samples: int, step_samples: int) -> Decision:
+        """The kernel is the bound (EnforcerConfig.kernel_bound): spend the window's CPU budget in launches
+        of at most max_batch_fraction of the period, each ending before the lease's hard end (and the
+        caller's deadline) at the launches' measured wall / CPU; the step as soon as it is due and the budget
+        left covers it. No slot, phase, edge or probe rule: those kept cooperative work inside metered
+        periods, which the kernel's 5 ms quota periods do now."""
+        c = self.config
+        hard_end = lease.expires_at if self.deadline is None else min(lease.expires_at, self.deadline)
+        stretch = self.wall_stretch(0.5)
+        left = self.busy_budget(w) - w.busy_s
+        if left <= 0:
+            return Idle(lease_end, "budget-spent")
+        if self.deadline is not None and now >= self.deadline:
+            return Idle(lease_end, "round-deadline")
+        step_time = self.step_estimate()
+        if pending_samples >= step_samples and now + step_time * stretch <= hard_end:
+            return StepNow(step_time)
+        plan = min(left, c.max_batch_fraction * lease.period_s, (hard_end - now) / stretch)
+        size = self.fit.largest_within(plan, c.min_micro_batch, c.max_micro_batch, False, self._cold(now)) \
+            if self.fit.ready else c.min_micro_batch
+        if size and (not self.fit.ready or now + self.fit.predict(size) * stretch <= hard_end):
+            return Launch(size, self.fit.predict(size) if self.fit.ready else 0.0)
+        return Idle(lease_end, "round-deadline" if self.deadline is not None and self.deadline < hard_end
+                    else "budget-spent")
+
     def work_start(self, w: _Window | None = None) -> float:
         """When window `w`'s (the current one's) work may start: staggered, at its phase, no later than still
         leaves SLOT_STRETCH x the budget (see Meter); otherwise the window's start. Host work of the
@@ -642,8 +670,8 @@ class BudgetEnforcer:
                                       lease.period_s - SLOT_STRETCH * lease.budget_s))
 
     def slot_end(self, w: _Window) -> float:
-        """CPU meter: by when window `w`'s work ends (see Meter); inf on the wall meter."""
-        if self.meter == WALL:
+        """CPU meter: by when window `w`'s work ends (see Meter); inf on the wall meter or kernel-bound."""
+        if self.meter == WALL or self.config.kernel_bound:
             return math.inf
         return self.work_start(w) + SLOT_MARGIN * self.wall_stretch(0.5) * w.lease.budget_s
 
@@ -789,6 +817,9 @@ class BudgetEnforcer:
         w.micro_batches += 1 if samples else 0
         w.samples += samples
         w.steps += 1 if step else 0
+        if self.config.kernel_bound:   # past the window is the next window's; only past the lease overruns
+            w.overrun_s = max(w.overrun_s, ended - w.lease.expires_at, 0.0)
+            return
         over_budget = w.busy_s - w.lease.budget_s
         past_end = ended - min(w.end, w.lease.expires_at)
         w.overrun_s = max(w.overrun_s, over_budget, past_end, 0.0)

@@ -555,8 +555,8 @@ class SiteAgent:
         due checkpoint its learned CPU, only where the budget holds it (it waits for such a lease, so
         reserving it in a smaller one would only stop training)."""
         lease = self.enforcer.lease
-        if lease is None or not self._charges_host():
-            reserve = 0.0
+        if lease is None or not self._charges_host() or self.config.enforcer.kernel_bound:
+            reserve = 0.0    # (kernel-bound: host work runs under the worker's quota like any other)
         elif "exchange" in self._host_work:
             reserve = lease.budget_s
         elif "checkpoint" in self._host_work and self._lease_holds_checkpoint():

@@ -23,6 +23,7 @@ the worker's good manners as the only bound (reported in status and in the regis
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -184,6 +185,8 @@ class Supervisor:
             argv += ["--mode", self.mode_flag]
         if self.config_path:
             argv += ["--config", self.config_path]
+        if self.cgroup is not None:
+            argv.append("--kernel-bound")
         procs = []
         if self.cgroup is not None:
             c = self.cfg.confine
@@ -371,9 +374,16 @@ class Supervisor:
                 st.worker_cpu_s = self.cgroup.usage_ns() / 1e9
             except OSError:
                 pass
-        if self.gate is not None and self.gate.held is None:
-            st.ClearField("lease")
-            st.lease_remaining_ms = 0.0
+        # the lease is the one the kernel lets the worker act on (the worker's snapshot may be older)
+        held = self.gate.held if self.gate is not None else None
+        st.ClearField("lease")
+        st.lease_remaining_ms = 0.0
+        if held is not None:
+            st.lease.CopyFrom(lease_pb2.Lease(
+                lease_id=held.lease_id, site_id=self.cfg.lease.site_id, sm_count=held.sm_count,
+                period_ms=round(held.period_s * 1e3), valid_for_ms=round(held.valid_for_s * 1e3),
+                epoch=held.epoch, seq=held.seq, duty=held.duty, reason=held.reason))
+            st.lease_remaining_ms = max(0.0, (held.expires_at - time.monotonic()) * 1e3)
         return st
 
     def leases(self, limit: int = 0) -> list[lease_pb2.LeaseRecord]:
@@ -399,25 +409,34 @@ class Supervisor:
 
     def metrics_text(self) -> str:
         """The worker's exposition (as of its last snapshot) and the supervisor's own families."""
+        from prometheus_client import CollectorRegistry, generate_latest
+        from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
         site = self.cfg.lease.site_id
-        lines = [self.snapshot.metrics.rstrip("\n")] if self.snapshot and self.snapshot.metrics else []
         fl = sorted(self.freeze_latencies_s)
         p99 = fl[min(len(fl) - 1, int(0.99 * len(fl)))] if fl else 0.0
-        own = [("weaver_agent_supervisor_cpu_seconds_total", "counter", "CPU of the supervisor (lease stream, "
-                "inspection, metrics): outside the worker's cgroup", time.process_time() - self._cpu0),
-               ("weaver_agent_worker_frozen", "gauge", "1 while the worker's cgroup is frozen (no lease)",
-                1.0 if self.frozen_since is not None else 0.0),
-               ("weaver_agent_freeze_seconds_p99", "gauge", "revocation/expiry -> the kernel reports the worker "
-                "frozen, p99 of the last 1024", p99)]
+        fams = [CounterMetricFamily("weaver_agent_supervisor_cpu_seconds", "CPU of the supervisor (lease stream, "
+                                    "inspection, metrics): outside the worker's cgroup", labels=["site"]),
+                GaugeMetricFamily("weaver_agent_worker_frozen", "1 while the worker's cgroup is frozen (no lease)",
+                                  labels=["site"]),
+                GaugeMetricFamily("weaver_agent_freeze_seconds_p99", "revocation/expiry -> the kernel reports the "
+                                  "worker frozen, p99 of the last 1024", labels=["site"])]
+        fams[0].add_metric([site], time.process_time() - self._cpu0)
+        fams[1].add_metric([site], 1.0 if self.frozen_since is not None else 0.0)
+        fams[2].add_metric([site], p99)
         if self.cgroup is not None:
-            try:
-                own.append(("weaver_agent_worker_cpu_seconds_total", "counter",
-                            "CPU the worker's cgroup executed (every thread and child)", self.cgroup.usage_ns() / 1e9))
-            except OSError:
-                pass
-        for name, kind, helptext, v in own:
-            lines += [f"# HELP {name} {helptext}", f"# TYPE {name} {kind}", f'{name}{{site="{site}"}} {v!r}']
-        return "\n".join(lines) + "\n"
+            with contextlib.suppress(OSError):
+                w = CounterMetricFamily("weaver_agent_worker_cpu_seconds", "CPU the worker's cgroup executed "
+                                        "(every thread and child)", labels=["site"])
+                w.add_metric([site], self.cgroup.usage_ns() / 1e9)
+                fams.append(w)
+
+        class _Own:
+            def collect(self):
+                return fams
+        reg = CollectorRegistry()
+        reg.register(_Own())
+        worker = self.snapshot.metrics if self.snapshot and self.snapshot.metrics else ""
+        return worker + generate_latest(reg).decode()
 
     # --- stop ----------------------------------------------------------------------------------------
     def run(self, max_seconds: float | None = None) -> None:
@@ -459,6 +478,8 @@ def serve_supervisor_metrics(sup: Supervisor, addr: str = "127.0.0.1:0"):
     """`/metrics` of the worker (its last snapshot) and of the supervisor, on localhost."""
     from wsgiref.simple_server import make_server
 
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
     from agent.metrics import _Quiet, _Server
     host, _, port = addr.rpartition(":")
 
@@ -466,7 +487,7 @@ def serve_supervisor_metrics(sup: Supervisor, addr: str = "127.0.0.1:0"):
         if environ.get("PATH_INFO") != "/metrics":
             start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
             return [b"only /metrics is served here\n"]
-        start_response("200 OK", [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")])
+        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST)])
         return [sup.metrics_text().encode()]
 
     server = make_server(host, int(port), app, server_class=_Server, handler_class=_Quiet)

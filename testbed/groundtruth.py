@@ -37,6 +37,7 @@ import threading
 import time
 from array import array
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -167,6 +168,55 @@ class ProcCpuSampler:
         return delta_ns / 1e9 if use_ns else delta_stat
 
 
+@dataclass
+class CgroupCpuSampler:
+    """What a confined worker's cgroup executed between `sample()` calls: the kernel's own accounting
+    (`cpuacct.usage` / cpu.stat `usage_usec`, every task of the tree, exited ones included), the meter the
+    worker cannot escape. `stat_cpu_s` is the independent cross-check: the worker's process tree from /proc."""
+
+    meter_path: str
+    pid: int                       # the worker, for the /proc cross-check
+    source: str = field(default="", init=False)
+    clock_cpu_s: float = field(default=0.0, init=False)
+    _tree: ProcCpuSampler = field(init=False, repr=False)
+    _last_ns: int | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.source = f"worker cgroup {Path(self.meter_path).name} (ns, every task of the tree, exited ones included)"
+        self._tree = ProcCpuSampler(self.pid)
+
+    @property
+    def stat_cpu_s(self) -> float:
+        return self._tree.stat_cpu_s
+
+    def sample(self) -> float | None:
+        ns = read_usage_ns(self.meter_path)
+        self._tree.sample()
+        if ns is None:
+            return None
+        prev, self._last_ns = self._last_ns, ns
+        if prev is None:
+            return 0.0
+        delta = max(ns - prev, 0) / 1e9
+        self.clock_cpu_s += delta
+        return delta
+
+
+def read_usage_ns(meter_path: str) -> int | None:
+    """A cgroup's CPU time from its meter file (None once the cgroup is gone). The same reading as
+    agent.confine's, written here again because the testbed must not import the agent."""
+    try:
+        text = Path(meter_path).read_text()
+    except OSError:
+        return None
+    if meter_path.endswith("cpu.stat"):
+        for line in text.splitlines():
+            if line.startswith("usage_usec "):
+                return int(line.split()[1]) * 1000
+        return None
+    return int(text.strip() or 0)
+
+
 def site_sms(cpu_s: float, period_s: float, gpu_sms: float, cores: int) -> float:
     """The broker's CPU-agent scale: a duty cycle over `cores` cores is that share of the site GPU."""
     if period_s <= 0 or cores <= 0:
@@ -225,9 +275,20 @@ class AgentTruth:
     gone: bool = False
     prev_lease_sms: float = 0.0
     startup_cpu_s: float = 0.0   # before the world's first period (model build, warm-up): charged to no slot
+    # A confined agent (agent.supervisor): `pid` is its supervisor, measured apart (its host CPU: the lease
+    # stream, inspection, metrics; it never touches the GPU); the stand-in GPU is the worker cgroup's meter.
+    meter_path: str = ""
+    worker_pid: int = 0
+    supervisor: ProcCpuSampler | None = field(init=False, default=None)
+    supervisor_cpu_s: float = 0.0
 
     def __post_init__(self) -> None:
-        self.sampler = ProcCpuSampler(self.pid)
+        if self.meter_path:
+            self.sampler = CgroupCpuSampler(self.meter_path, self.worker_pid)
+            self.supervisor = ProcCpuSampler(self.pid, include_children=False)
+            self.supervisor.sample()
+        else:
+            self.sampler = ProcCpuSampler(self.pid)
         self.sampler.sample()
 
     def period(self, period_s: float, lease_sms: float, connected: bool, cpu: float | None | bool = False) -> float:
@@ -243,6 +304,8 @@ class AgentTruth:
         if cpu is None:
             self.gone = True
             cpu = 0.0
+        if self.supervisor is not None:
+            self.supervisor_cpu_s += self.supervisor.sample() or 0.0
         sms = site_sms(cpu, period_s, self.gpu_sms, self.cores)
         self.cpu_s += cpu
         self.executed_sm_s += sms * period_s
@@ -267,6 +330,8 @@ class AgentTruth:
             "startup_cpu_s": self.startup_cpu_s,
             "clock_cpu_s": self.sampler.clock_cpu_s,
             "stat_cpu_s": self.sampler.stat_cpu_s,
+            "worker_meter": self.meter_path,
+            "supervisor_cpu_s": self.supervisor_cpu_s if self.supervisor is not None else None,
             "sm_seconds_executed": self.executed_sm_s,
             "idle_baseline_sms_median": self.idle.median(),
             "idle_baseline_sms_p90": self.idle.p90(),
@@ -297,7 +362,7 @@ class CpuTrace(threading.Thread):
         super().__init__(daemon=True, name="cpu-trace")
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
-        self.pids = dict(pids)                      # key (e.g. site) -> pid
+        self.pids = dict(pids)                      # key (e.g. site) -> pid, or a worker cgroup's meter path
         self.interval_s = interval_s
         self.max_samples = max_samples
         self.t = {k: array("d") for k in self.pids}   # unix seconds
@@ -310,14 +375,20 @@ class CpuTrace(threading.Thread):
     def run(self) -> None:
         clock = time.pthread_getcpuclockid(threading.get_ident())
         self._t0 = time.time()
-        items = [(self.t[k], self.ns[k], _cpu_clock_id(pid)) for k, pid in self.pids.items()]
+        # a key whose value is a path is a worker cgroup's meter (the kernel's accounting of its whole tree)
+        items = [(self.t[k], self.ns[k], src if isinstance(src, str) else _cpu_clock_id(src))
+                 for k, src in self.pids.items()]
         nxt = time.monotonic()
         while not self._halt.is_set():
             for ts, ns, clk in items:
-                try:
-                    v = time.clock_gettime_ns(clk)
-                except OSError:
-                    v = -1
+                if isinstance(clk, str):
+                    u = read_usage_ns(clk)
+                    v = -1 if u is None else u
+                else:
+                    try:
+                        v = time.clock_gettime_ns(clk)
+                    except OSError:
+                        v = -1
                 ts.append(time.time())
                 ns.append(v)
             if len(items[0][0]) >= self.max_samples if items else True:

@@ -43,7 +43,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -93,13 +93,9 @@ class UpConfig:
     agent_job: str = ""                       # every agent's --job ("" = the shipped char-GPT)
     agent_job_args: tuple[str, ...] = ()      # and its --job-arg k=v values
     run_dir: Path | None = None
-    # The guard covers what an agent may run beyond its lease (the RAN-first sum). The testbed's agents are
-    # CPU stand-ins whose whole process CPU counts as SMs, host threads included (gRPC, cross-site rounds):
-    # measured beyond the held lease up to ~18-23 SMs in a period, so one partition step (8) is too little
-    # once the envelope sits on measured offered demand; three steps were enough while the policy's warm-up
-    # kept a whole step above the non-deferrable peaks, four since it sizes that margin from their spread
-    # (issue 14: E 20 instead of 24 SMs here; with 24, 4 of 5 30 s runs had 30-160 training-caused misses).
-    guard_sms: int = 32
+    # The guard covers what an agent may run beyond its lease (the RAN-first sum). 0: derived from the kernel's
+    # granularity (`kernel_guard_sms`), what the bound cannot hold; > 0: this many SMs (--guard).
+    guard_sms: int = 0
     cross_site: bool = True
     # Coarse rounds: the transfer window (15 %) and the quorum are idle compute, and 3 agents + the
     # Lighthouse share a few cores here. The Lighthouse's timeouts derive from it (heartbeat R/2, join 1.5 R).
@@ -199,6 +195,21 @@ def check_scenario(name: str) -> None:
     named.check(name, known_scenarios())
 
 
+# The kernel's granularity on a confined worker (agent.confine): CFS checks a tree's quota at the scheduler
+# tick on each CPU it runs on, so a metered period can hold up to one tick per CPU beyond the lease's cores
+# (measured here, HZ 250: 1-6 ms beyond a 20-30 ms quota per 100 ms, 2 CPUs). On a GPU the partition is the
+# green context's SMs exactly and one step covers rounding; a CPU stand-in's excess maps to site SMs.
+KERNEL_TICK_S = 0.004
+
+
+def kernel_guard_sms(gpu_sms: int, granularity: int, cores: float, period_s: float, cpus: int | None = None) -> int:
+    """The guard a CPU stand-in's confined worker needs: at least one partition step, and the kernel's
+    slack (a tick per CPU of its cpuset per metered period) in site SMs, rounded up to steps."""
+    cpus = cpus or _host_cores()
+    slack_sms = KERNEL_TICK_S * cpus / period_s * gpu_sms / cores
+    return granularity * max(1, math.ceil(slack_sms / granularity - 1e-9))
+
+
 def scenario_for(cfg: UpConfig) -> Scenario:
     """demo: sites of different archetypes (and phases), so their spare capacity is complementary (at 3 x 4,
     testbed.scenarios' demo); otherwise the named scenario as `weaver bench` builds it, at the live period.
@@ -243,6 +254,15 @@ def static_reserve_for(cfg: UpConfig, calibration_periods: int = 600) -> int:
     g = sc.sites[0].granularity
     # a quiet calibration can give 0 (refused by the config floors): at least one step, at most the GPU
     return max(g, min(StaticPolicy.reservation_for(cal.demand, g, TARGET), min(s.gpu_sms for s in sc.sites)))
+
+
+def agent_pythonpath(cwd: str | None = None, pythonpath: str | None = None) -> str:
+    """Where an agent finds a user's --job as Python would from the caller's shell: the caller's working
+    directory and PYTHONPATH, after the checkout (a user's module cannot shadow the agent's own)."""
+    cwd = os.getcwd() if cwd is None else cwd
+    pythonpath = os.environ.get("PYTHONPATH", "") if pythonpath is None else pythonpath
+    parts = [str(ROOT), cwd, *(p for p in pythonpath.split(os.pathsep) if p)]
+    return os.pathsep.join(dict.fromkeys(parts))
 
 
 def site_name(i: int) -> str:
@@ -591,6 +611,9 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
     logging.getLogger().setLevel(logging.INFO)
     ports = {"rmr": free_port(), "rest": cfg.rest_port or free_port(), "broker": free_port()}
     scenario = scenario_for(cfg)
+    if not cfg.guard_sms:   # one guard for the xApp: the largest any site's stand-in needs
+        cfg = replace(cfg, guard_sms=max(kernel_guard_sms(s.gpu_sms, s.granularity, cfg.cores_per_agent,
+                                                          scenario.period_s) for s in scenario.sites))
     sim_cfg = SimConfig(n_sites=cfg.sites, n_cells=cfg.cells, seed=cfg.seed, host=cfg.host, e2term_port=0,
                         submgr_http_port=0, xapps=(f"{cfg.host}:{ports['rmr']}",), route_dir=str(run_dir), speed=1.0,
                         node_overrides=cfg.node_overrides)   # the scenario file's node settings
@@ -631,27 +654,31 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                                   *(["--record", str(cfg.record)] if cfg.record else [])], env=xenv)
         await asyncio.to_thread(xapp.wait_for_line, r"weaver-xapp: ready", 90)
         agents: list[AgentView] = []
-        aenv = {"PYTHONPATH": str(ROOT), **agent_env(cfg.faults)}
+        aenv = {"PYTHONPATH": agent_pythonpath(), **agent_env(cfg.faults)}
         for i in range(cfg.sites):  # each agent dials the broker through its own proxy (where network faults act)
             proxies[i] = await TcpProxy(cfg.host, ports["broker"], cfg.host, 0, name=f"proxy:{site_name(i)}").start()
             argv = [str(agent_python()), "-m", "agent.cli", "run", "--broker", proxies[i].address,
                     "--site-id", site_name(i), "--agent-id", f"agent-{i}", "--preset", cfg.agent_preset,
                     "--checkpoint-dir", str(run_dir / f"agent-{i}"), "--inspect-addr", f"{cfg.host}:0",
                     "--metrics-addr", f"{cfg.host}:0", "--mode", "gpu",  # train only under leases, never unleased
-                    "--cores", f"{cfg.cores_per_agent:g}",
-                    # stand-ins sharing the host's cores take turns within each period instead of all
-                    # computing at its start (where they preempted each other: 22 % host starvation)
-                    *(["--phase", f"{i / cfg.sites:.3f}"] if cfg.cores_per_agent < 1 else [])]
+                    "--cores", f"{cfg.cores_per_agent:g}"]
+            # No --phase: the kernel holds each worker to its lease's cores over 5 ms CFS periods, so stand-ins
+            # sharing the host's cores run side by side at their quotas; a phase slot (their turn-taking when
+            # nothing but their manners bounded them) cannot hold a window's budget at that rate.
             if cfg.agent_job:
                 argv += ["--job", cfg.agent_job, *(a for kv in cfg.agent_job_args for a in ("--job-arg", kv))]
             cred = {"WEAVER_AGENT_TOKEN": site_credential(broker_secret, site_name(i))} if token_env else {}
             sup.start(f"agent:{i}", argv, env={**aenv, **cred})   # env, not argv: ps shows every argv
+        truths = []
         for i in range(cfg.sites):
             m = await asyncio.to_thread(sup.get(f"agent:{i}").wait_for_line, r"inspect on (\S+)", 120)
             agents.append(AgentView(i, m.group(1)))
+            # a confined agent names its worker and the worker cgroup's meter: that is the stand-in GPU
+            w = re.search(r"worker pid (\d+) bound by \S+(?: meter ([^\s,]+))?", m.string)
+            truths.append(AgentTruth(i, sup.get(f"agent:{i}").proc.pid, float(world.gpu[i]), cfg.cores_per_agent,
+                                     meter_path=(w.group(2) or "") if w else "",
+                                     worker_pid=int(w.group(1)) if w else 0))
         probe = AgentProbe(agents)
-        truths = [AgentTruth(i, sup.get(f"agent:{i}").proc.pid, float(world.gpu[i]), cfg.cores_per_agent)
-                  for i in range(cfg.sites)]
         world.truths = truths
         # The world's first period waits until every agent is connected to the broker: an agent builds its
         # model and warms up (timed steps, outside any lease) before it connects. That work is measured and
@@ -678,7 +705,8 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         else:
             out("weaver up: lighthouse none (--no-cross-site: each site trains alone)")
         out(f"weaver up: run dir    {run_dir} (logs, config, checkpoints)")
-        out(f"weaver up: truth      agent CPU from /proc ({truths[0].sampler.source}), "
+        where = ("the worker cgroups' kernel accounting" if truths[0].meter_path else "/proc")
+        out(f"weaver up: truth      agent CPU from {where} ({truths[0].sampler.source}; supervisors metered apart), "
             f"site SMs = cpu_s / period_s * gpu_sms / {cfg.cores_per_agent:g} core(s) (each agent's CPU stand-in "
             f"for its site GPU: {'--agent-cores' if cfg.agent_cores else f'what this {_host_cores()}-core host can serve each'})")
 
@@ -688,7 +716,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         if cfg.record_series:
             world.xapp_views = XappViews(rest)
         if cfg.record_series or any(isinstance(f, RevokeMidPeriod) for f in cfg.faults):
-            world.cpu_trace = CpuTrace({i: tr.pid for i, tr in enumerate(truths)})
+            world.cpu_trace = CpuTrace({i: tr.meter_path or tr.pid for i, tr in enumerate(truths)})
             world.cpu_trace.start()
         world.xapp_waterfall[0] = await _xapp_waterfall(rest)   # the run's share starts here
         t0 = loop.time()
@@ -1073,6 +1101,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent-cores", type=float, default=0.0, metavar="CORES",
                         help="cores each CPU stand-in agent's site GPU stands for (default: what this host can "
                              "serve each agent, (host cores - 0.5) / sites, at most 1)")
+    parser.add_argument("--guard", type=int, default=0, metavar="SMS",
+                        help="the xApp's guard band (default: one partition step, or what the kernel's granularity "
+                             "on a confined CPU stand-in needs: kernel_guard_sms)")
     parser.add_argument("--run-dir", default=None, help="logs, config and checkpoints (default: a temp dir)")
     parser.add_argument("--json", default=None, metavar="SUMMARY", help="write the run summary as JSON")
     parser.add_argument("--record", default=None, metavar="FILE",
@@ -1101,7 +1132,7 @@ def run(args) -> int:
                        duration_s=args.duration, policy=args.policy,
                        seed=args.seed, period_ms=args.period_ms, rest_port=args.port, agent_preset=args.preset,
                        agent_job=args.job or "", agent_job_args=tuple(args.job_arg),
-                       agent_cores=args.agent_cores,
+                       agent_cores=args.agent_cores, guard_sms=args.guard,
                        run_dir=Path(args.run_dir) if args.run_dir else None,
                        cross_site=not args.no_cross_site, round_ms=args.round_ms,
                        faults=parse_faults(args.fault, args.fault_at), fault_at_s=args.fault_at,

@@ -1,0 +1,89 @@
+"""The supervisor's rule (agent.supervisor.LeaseGate) and its link to the worker (agent.worker_link),
+without processes: which state the worker's cgroup must be in for each lease event, and frames that are
+refused rather than guessed at (nothing read from the worker is executed)."""
+from __future__ import annotations
+
+import base64
+import json
+import struct
+
+import pytest
+
+from agent import worker_link as wl
+from agent.enforcer import LeaseTerms
+from agent.monitors import DeviceFacts
+from agent.supervisor import Freeze, LeaseGate, Run
+from schemas.proto.weaver.v1 import lease_pb2
+
+STANDIN = DeviceFacts("cpu", "x86_64", 1, 1, False, cores=0.5)   # a 0.5-core stand-in of a site GPU
+GPU = DeviceFacts("cuda", "H100", 132, 8, True)
+
+
+def terms(lease_id="L1", sm=80, duty=80 / 132, at=0.0, valid=0.3, seq=1):
+    return LeaseTerms(lease_id, sm, 0.1, valid, duty, at, epoch=1, seq=seq)
+
+
+def test_a_lease_sets_the_quota_to_its_share_of_the_stand_in_and_its_end_freezes():
+    g = LeaseGate(STANDIN, worker_cores=2.0)
+    assert g.grant(terms(), 0.0) == Run(pytest.approx(0.5 * 80 / 132))
+    assert g.next_deadline() == pytest.approx(0.3)
+    assert g.expired(0.29) is None
+    assert g.expired(0.3) == Freeze("L1", "expired") and g.held is None
+
+
+def test_a_renewal_moves_the_hard_end_and_a_revocation_of_an_older_lease_changes_nothing():
+    g = LeaseGate(STANDIN, worker_cores=2.0)
+    g.grant(terms("L1"), 0.0)
+    assert g.grant(terms("L2", sm=40, duty=40 / 132, at=0.1, seq=2), 0.1) == Run(pytest.approx(0.5 * 40 / 132))
+    assert g.expired(0.35) is None                       # L1's end passed; L2 holds until 0.4
+    assert g.end(0.2, "L1", "revoked") is None and g.held.lease_id == "L2"
+    assert g.end(0.2, "", "disconnected") == Freeze("L2", "disconnected")
+
+
+def test_empty_and_already_expired_leases_freeze():
+    g = LeaseGate(STANDIN, worker_cores=2.0)
+    assert isinstance(g.grant(terms(sm=0, duty=0.0), 0.0), Freeze)
+    assert g.grant(terms(at=0.0, valid=0.3), 0.5) == Freeze("", "expired")
+    assert g.held is None
+
+
+def test_on_a_gpu_the_quota_is_the_workers_host_cores_and_the_partition_is_the_leases():
+    g = LeaseGate(GPU, worker_cores=4.0)
+    assert g.grant(terms(sm=64, duty=64 / 132), 0.0) == Run(4.0)
+
+
+def test_frames_round_trip_and_lease_terms_survive_exactly():
+    t = terms(at=1234.5678, valid=0.3)
+    dec = wl.FrameDecoder(wl.TO_WORKER)
+    data = wl.encode({"t": "lease", "terms": wl.terms_to_json(t)})
+    assert dec.feed(data[:3]) == [] and dec.feed(data[3:] + data)[0]["t"] == "lease"
+    assert wl.terms_from_json(json.loads(data[4:])["terms"]) == t
+    st = lease_pb2.AgentStatus(site_id="s", step=7)
+    assert wl.unpb(lease_pb2.AgentStatus, wl.pb(st)) == st
+
+
+@pytest.mark.parametrize("frame, why", [
+    (struct.pack(">I", wl.MAX_FRAME + 1), "exceeds"),
+    (struct.pack(">I", 3) + b"{x}", "bad JSON"),
+    (struct.pack(">I", 2) + b"[]", "unexpected"),
+    (wl.encode({"t": "usage", "pb": ""}), "unexpected"),          # a worker's message sent to the worker
+    (wl.encode({"t": "__import__"}), "unexpected"),
+])
+def test_bad_frames_are_refused(frame, why):
+    with pytest.raises(wl.LinkError, match=why):
+        wl.FrameDecoder(wl.TO_WORKER).feed(frame)
+
+
+def test_bad_payloads_are_refused():
+    with pytest.raises(wl.LinkError):
+        wl.unpb(lease_pb2.UsageReport, "not base64!")
+    with pytest.raises(wl.LinkError):
+        wl.unpb(lease_pb2.UsageReport, base64.b64encode(b"\xff\xff\xff").decode())
+    with pytest.raises(wl.LinkError):
+        wl.terms_from_json({"lease_id": "x"})
+    bad = wl.terms_to_json(terms())
+    bad["duty"] = 7.0
+    with pytest.raises(wl.LinkError):
+        wl.terms_from_json(bad)
+    with pytest.raises(wl.LinkError):
+        wl.encode({"t": "snapshot", "metrics": "x" * (wl.MAX_FRAME + 1)})
