@@ -227,7 +227,7 @@ def cmd_run(args) -> int:
     from agent.confine import ConfinementError
     from agent.inspect_service import serve_inspect
     from agent.logs import setup as setup_logs
-    from agent.supervisor import Supervisor, serve_supervisor_metrics
+    from agent.supervisor import Supervisor, WorkerRefused, serve_supervisor_metrics
 
     setup_logs()        # plain on a terminal, the OSC MDC JSON lines in a pod (agent.logs)
     try:
@@ -244,6 +244,11 @@ def cmd_run(args) -> int:
     signal.signal(signal.SIGINT, lambda *_: sup.stop())
     try:
         hello = sup.start()
+    except WorkerRefused as exc:
+        sup.shutdown()
+        if str(exc):
+            print(f"weaver-agent: {exc}", file=sys.stderr)
+        return 2
     except RuntimeError as exc:
         sup.shutdown()
         print(f"weaver-agent: {exc}", file=sys.stderr)

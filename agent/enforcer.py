@@ -650,9 +650,11 @@ class BudgetEnforcer:
         if pending_samples >= step_samples and now + step_time * stretch <= hard_end:
             return StepNow(step_time)
         plan = min(left, c.max_batch_fraction * lease.period_s, (hard_end - now) / stretch)
-        size = self.fit.largest_within(plan, c.min_micro_batch, c.max_micro_batch, False, self._cold(now)) \
-            if self.fit.ready else c.min_micro_batch
-        if size and (not self.fit.ready or now + self.fit.predict(size) * stretch <= hard_end):
+        # the smallest batch when none fits what is left: the kernel holds it to the quota, and its excess
+        # over the window's budget is the next window's debt, so the budget's tail is not left idle
+        size = max(c.min_micro_batch, self.fit.largest_within(plan, c.min_micro_batch, c.max_micro_batch, False,
+                                                              self._cold(now))) if self.fit.ready else c.min_micro_batch
+        if not self.fit.ready or now + self.fit.predict(size) * stretch <= hard_end:
             return Launch(size, self.fit.predict(size) if self.fit.ready else 0.0)
         return Idle(lease_end, "round-deadline" if self.deadline is not None and self.deadline < hard_end
                     else "budget-spent")

@@ -9,6 +9,9 @@ Prints one JSON document on stdout. Sections (each records its own error instead
   sm_share        a fixed matmul workload inside green contexts of 16..N SMs: throughput share vs SM share
   adherence       the agent's enforcer under a lease trace, without (duty cycle on the whole GPU) and with
                   (green context of the leased SMs) partitions: utilisation and overrun p50/p99/max
+  worker_contexts a fresh process started as the confined worker is (agent.gpu_contexts): is the green
+                  context its only CUDA context, or does the primary context exist too (then MPS, not a
+                  green context, must bound the worker)
   idle_device     a demoted agent (cpu_preferred: its fallback loop) and an agent whose lease has no
                   partition (refused) run no CUDA kernel or copy (profiler count == 0), as the test suite
                   checks where CUDA is present (tests/agent/test_agent_device.py)
@@ -277,6 +280,15 @@ def idle_device(torch, iterations: int = 5) -> dict:
             "ok": where == ["cpu"] and demoted_events == 0 and bare_events == 0 and bare.refused == {"refused": 1}}
 
 
+def worker_contexts(sms: int) -> dict:
+    """In a fresh process (this one has a primary context by now): agent.gpu_contexts' JSON."""
+    import subprocess
+    r = subprocess.run([sys.executable, "-m", "agent.gpu_contexts", "--sms", str(sms)], capture_output=True,
+                       text=True, timeout=120)
+    lines = r.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if lines else {"error": r.stderr[-500:]}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m agent.gpu_check", description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=float, default=100.0, help="rough total budget")
@@ -303,6 +315,7 @@ def main(argv=None) -> int:
     out["model_params"] = trainer.model.num_params()
     timer = Timer(torch, cuda)
     if cuda:
+        _section(out, "worker_contexts", worker_contexts, min(args.lease_sms, sms))
         _section(out, "idle_device", idle_device, torch)
     _section(out, "step_fit", step_fit, torch, trainer, timer, [1, 4, 16, 32, 64] if cuda else [1, 2, 4])
     green = out["env"].get("green_contexts", False)

@@ -38,10 +38,19 @@ YIELD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 OVERRUN_BUCKETS = (0.0, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
+def yield_histogram(registry: CollectorRegistry, idle: str) -> Histogram:
+    return Histogram(
+        "weaver_agent_yield_seconds",
+        f"Lease end -> {idle}, by cause: revoked (from the revocation's arrival), expired (from the hard end), "
+        "disconnected (from the stream's loss).", ("site", "cause"), buckets=YIELD_BUCKETS, registry=registry)
+
+
 class AgentMetrics:
     """The agent's observed distributions. The agent calls the hooks; times are the agent's clock."""
 
-    def __init__(self, site_id: str) -> None:
+    def __init__(self, site_id: str, yields: bool = True) -> None:
+        """`yields` False: a confined worker's, whose lease ends are its supervisor's to measure (the kernel
+        freezes it at once; agent.supervisor exports weaver_agent_yield_seconds instead)."""
         self.site_id = site_id
         self.registry = CollectorRegistry()
         r, site = self.registry, ("site",)
@@ -49,10 +58,7 @@ class AgentMetrics:
             "weaver_agent_lease_first_launch_seconds",
             "A lease received while idle -> the first launch under it (includes the warm-up on the first lease).",
             site, buckets=LAUNCH_BUCKETS, registry=r).labels(site_id)
-        self.yield_seconds = Histogram(
-            "weaver_agent_yield_seconds",
-            "Lease end -> the agent idle, by cause: revoked (from the revocation's arrival), expired (from the "
-            "hard end), disconnected (from the stream's loss).", ("site", "cause"), buckets=YIELD_BUCKETS, registry=r)
+        self.yield_seconds = yield_histogram(r, "the agent idle") if yields else None
         self.overrun = Histogram(
             "weaver_agent_overrun_seconds",
             "Overrun of each closed lease window: busy time above its grant, or the last micro-batch's work past "
@@ -81,7 +87,8 @@ class AgentMetrics:
     def lease_ended(self, cause: str, to_idle_s: float) -> None:
         with self._lock:
             self._holding, self._idle_since = False, None
-        self.yield_seconds.labels(self.site_id, cause).observe(max(0.0, to_idle_s))
+        if self.yield_seconds is not None:
+            self.yield_seconds.labels(self.site_id, cause).observe(max(0.0, to_idle_s))
 
     def window_closed(self, report) -> None:
         """An `agent.enforcer.WindowReport`."""

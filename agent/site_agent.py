@@ -125,7 +125,8 @@ class SiteAgent:
         self.yield_latencies_ms: deque[float] = deque(maxlen=256)
         self.work_log: deque[tuple[float, float, str]] = deque(maxlen=4096)   # (start, end, kind) of leased work
         self.refused: dict[str, int] = {}      # leases refused, by reason
-        self.metrics = AgentMetrics(config.lease.site_id)   # histograms for /metrics (agent.metrics)
+        # histograms for /metrics (agent.metrics); a confined worker's lease ends are its supervisor's to time
+        self.metrics = AgentMetrics(config.lease.site_id, yields=not config.enforcer.kernel_bound)
         self._busy_until = -math.inf           # agent clock when the last leased work ended
         self._held: LeaseTerms | None = None   # the newest lease adopted and not yet released
         self._warmed = False                   # the throw-away warm-up micro-batch has run (_warm_up)

@@ -24,9 +24,12 @@ the worker's good manners as the only bound (reported in status and in the regis
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
+import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -61,6 +64,7 @@ HELLO_TIMEOUT_S = 600.0    # building a large job (tokenizer, weights from disk)
 STOP_GRACE_S = 20.0        # a stopping worker's final checkpoint
 TICK_S = 0.002             # the hard-end timer's resolution
 COOPERATIVE = "cooperative"
+PR_SET_PDEATHSIG = 1       # prctl(2)
 
 
 # --- the rule ----------------------------------------------------------------------------------
@@ -116,6 +120,10 @@ class LeaseGate:
         return self.held.expires_at if self.held else None
 
 
+class WorkerRefused(RuntimeError):
+    """The worker refused its job or config before it started (it printed why)."""
+
+
 @dataclass(frozen=True)
 class CheckpointRef:
     path: str
@@ -158,7 +166,12 @@ class Supervisor:
         self.hello: dict = {}
         self.snapshot: _Snapshot | None = None
         self.frozen_since: float | None = None
-        self.freeze_latencies_s: list[float] = []   # revoke/expiry -> the kernel says frozen (last 1024)
+        self.freeze_latencies_s: list[float] = []   # lease end -> the kernel says frozen (last 1024)
+        from prometheus_client import CollectorRegistry
+
+        from agent.metrics import yield_histogram
+        self.registry = CollectorRegistry()
+        self.yields = yield_histogram(self.registry, "the worker frozen (the kernel's word)")
         self.released_seq = -1                      # the supervisor released every lease up to this seq
         self._seq_of: dict[str, int] = {}           # lease id -> seq, of the leases granted lately
         self.worker_exit: str = ""
@@ -196,11 +209,14 @@ class Supervisor:
         env = {k: v for k, v in os.environ.items() if k != "WEAVER_AGENT_TOKEN"}   # the credential stays here
 
         def enter_cgroup():   # in the child, before exec: the worker runs nothing outside its cgroup
+            # and the kernel kills it when the supervisor dies (SIGKILL included): no hard-end timer, no
+            # worker; a lease's SMs are never used by an orphan past its end
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             for f in procs:
                 with open(f, "w") as fh:
                     fh.write(str(os.getpid()))
-        self.worker = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), env=env,
-                                       preexec_fn=enter_cgroup if procs else None)
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.worker = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), env=env, preexec_fn=enter_cgroup)
         theirs.close()
         dec = wl.FrameDecoder(wl.TO_SUPERVISOR)
         ours.settimeout(HELLO_TIMEOUT_S)
@@ -212,10 +228,15 @@ class Supervisor:
                 raise RuntimeError(f"the worker said nothing in {HELLO_TIMEOUT_S:.0f} s") from None
             if not data:
                 rc = self.worker.wait()
+                if rc == 2:    # a bad job or config: the worker said why, in one line
+                    raise WorkerRefused()
                 raise RuntimeError(f"the worker exited ({rc}) before its job was built")
             pending = dec.feed(data)
         ours.settimeout(None)
         hello = pending.pop(0)
+        if hello["t"] == "refused":
+            self.worker.wait()
+            raise WorkerRefused(str(hello.get("why", "")))
         if hello["t"] != "hello":
             raise wl.LinkError(f"the worker's first message was {hello['t']!r}, not hello")
         self.hello = hello
@@ -262,6 +283,9 @@ class Supervisor:
             self._run(action.cores)
         elif isinstance(action, Freeze):
             took = self._freeze(action.lease_id, action.reason)
+            if action.lease_id and action.reason in ("revoked", "expired", "disconnected"):
+                since = at if action.reason != "expired" else time.monotonic() - took
+                self.yields.labels(self.cfg.lease.site_id, action.reason).observe(max(0.0, time.monotonic() - since))
             if action.lease_id and action.reason in ("revoked", "expired", "shutdown") and self.client.connected:
                 # frozen: nothing runs under it (nor any earlier lease) any more, which is what a release says
                 self.released_seq = max(self.released_seq, self._seq_of.get(action.lease_id, -1))
@@ -364,6 +388,9 @@ class Supervisor:
         st = lease_pb2.AgentStatus()
         if self.snapshot is not None:
             st.CopyFrom(self.snapshot.status)
+        else:   # nothing trained or validated yet (not 0: a loss of 0 would read as a perfect model)
+            st.loss = st.val_loss = math.nan
+            st.site_id, st.job, st.mode = self.cfg.lease.site_id, self.hello.get("job", ""), self.hello.get("mode", "")
         st.connected = bool(self.client and self.client.connected)
         st.agent_id = self.client.agent_id if self.client else ""
         st.confinement = self.confinement
@@ -435,6 +462,7 @@ class Supervisor:
                 return fams
         reg = CollectorRegistry()
         reg.register(_Own())
+        reg.register(self.registry)      # the yield histogram
         worker = self.snapshot.metrics if self.snapshot and self.snapshot.metrics else ""
         return worker + generate_latest(reg).decode()
 

@@ -191,8 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, evidence = starting_mode(cfg, args)
         agent = CrossSiteAgent(cfg, mode_evidence=evidence, client_factory=factory)
-    except JobError as exc:
-        print(f"weaver-agent: bad job: {exc}", file=sys.stderr)
+    except JobError as exc:   # the supervisor prints it: the operator's one line
+        try:
+            sock.sendall(wl.encode({"t": "refused", "why": f"bad job: {exc}"}))
+        except OSError:
+            print(f"weaver-agent: bad job: {exc}", file=sys.stderr)
         return 2
     link: LinkClient = holder["link"]
     link.send({"t": "hello", "device": asdict(agent.device), "mode": agent.modes.mode, "mode_evidence": evidence,

@@ -7,7 +7,8 @@ parsed with their own message class. A frame over MAX_FRAME, bad JSON, or a mess
 
 Supervisor -> worker: connected, disconnected, lease, revoke, cross_site (the lease stream's events, as
 agent.lease_client emits them), checkpoint (a request), stop.
-Worker -> supervisor: hello (device, mode and why, job, parameters: once, after the job is built), usage,
+Worker -> supervisor: hello (device, mode and why, job, parameters: once, after the job is built), or
+refused (the job or config is bad: the one line the operator sees), usage,
 release, transfer, round (what the worker would send the broker), mode (a switch), snapshot (status,
 lease history and the /metrics exposition, for the supervisor's inspection service), checkpoint_done.
 """
@@ -23,7 +24,7 @@ from agent.enforcer import LeaseTerms
 MAX_FRAME = 8 << 20
 _LEN = struct.Struct(">I")
 TO_WORKER = ("connected", "disconnected", "lease", "revoke", "cross_site", "checkpoint", "stop")
-TO_SUPERVISOR = ("hello", "usage", "release", "transfer", "round", "mode", "snapshot", "checkpoint_done")
+TO_SUPERVISOR = ("hello", "refused", "usage", "release", "transfer", "round", "mode", "snapshot", "checkpoint_done")
 
 
 class LinkError(ValueError):

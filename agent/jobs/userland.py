@@ -7,7 +7,8 @@ do not stay inside.
 - `make_loader_job`: batches from a torch DataLoader with worker processes (num_workers=2, as the
   PyTorch tutorials write it), each sample "augmented" on the CPU in the loader process.
 - `make_metrics_thread_job`: a background metrics thread started in the factory (6 ms of CPU every 20 ms).
-- `make_threads_job`: sets torch.set_num_threads(4) in its loss, whatever the agent chose.
+- `make_threads_job`: sets torch.set_num_threads(4) in its loss, whatever the agent chose, and runs a
+  matmul there that torch spreads over them.
 """
 from __future__ import annotations
 
@@ -78,11 +79,18 @@ class MetricsThreadJob(CharGPTJob):
 
 
 class ThreadsJob(CharGPTJob):
+    """Sets four intra-op threads in its loss, and computes a feature with a matmul large enough for torch
+    to run it on all of them (the model alone is too small to use more than one)."""
     name = "userland-threads"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.features = torch.randn(384, 384)
 
     def loss(self, x, y):
         torch.set_num_threads(4)
-        return super().loss(x, y)
+        feature = (self.features @ self.features).mean() * 0.0
+        return super().loss(x, y) + feature
 
 
 def make_loader_job(ctx: JobContext) -> LoaderJob:

@@ -397,9 +397,10 @@ def run_one(name: str, args, log_out) -> dict:
     spec = fault_spec(name, for_s)
     faults = parse_faults([spec] if spec else [], at_s)
     run_dir = Path(tempfile.mkdtemp(prefix=f"weaver-safety-{name}-"))
-    cfg = UpConfig(sites=args.sites, cells=args.cells, duration_s=args.probe + args.duration, seed=args.seed,
-                   run_dir=run_dir, cross_site=False, faults=faults, fault_at_s=at_s, record_series=True,
-                   idle_probe_s=args.probe)
+    shape = {} if args.scenario != "demo" else {"sites": args.sites, "cells": args.cells}
+    cfg = UpConfig.for_scenario(args.scenario, **shape, duration_s=args.probe + args.duration, seed=args.seed,
+                                run_dir=run_dir, cross_site=False, faults=faults, fault_at_s=at_s,
+                                record_series=True, idle_probe_s=args.probe)
     root = logging.getLogger()
     handlers = list(root.handlers)
     t0 = time.monotonic()
@@ -471,6 +472,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds per row after the idle probe, the fault starting at 35 %% and lasting 25 %% "
                              "(default 16; --quick 8)")
     parser.add_argument("--probe", type=float, default=None, help="idle probe seconds per row (default 3; --quick 2)")
+    parser.add_argument("--scenario", default="demo",
+                        help="the load regime of every row (weaver up --scenario: demo, gh200-multicell, "
+                             "heavy-small-gpu, slow-partition); --sites/--cells apply to demo only")
     parser.add_argument("--sites", type=int, default=1)
     parser.add_argument("--cells", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
@@ -506,6 +510,12 @@ def run(args) -> int:
 
     args.duration = args.duration if args.duration is not None else (8.0 if args.quick else 16.0)
     args.probe = args.probe if args.probe is not None else (2.0 if args.quick else 3.0)
+    from testbed.up import check_scenario
+    try:
+        check_scenario(args.scenario)
+    except ValueError as exc:
+        print(f"weaver bench safety: {exc}", file=sys.stderr)
+        return 2
     names = [n.strip() for n in args.faults.split(",") if n.strip() and n.strip() != "none"]
     unknown = [n for n in names if n not in ORDER]
     if unknown:
@@ -528,10 +538,12 @@ def run(args) -> int:
               flush=True)
     print()
     print(table(rows))
-    print(f"\n{len(rows)} runs in {time.monotonic() - t0:.0f}s; {args.sites} site(s) x {args.cells} cells, "
+    shape = args.scenario if args.scenario != "demo" else f"{args.sites} site(s) x {args.cells} cells"
+    print(f"\n{len(rows)} runs in {time.monotonic() - t0:.0f}s; {shape}, "
           f"{args.probe:g} s idle probe + {args.duration:g} s per run")
     if args.json:
-        doc = {"bench": "safety", "sites": args.sites, "cells": args.cells, "probe_s": args.probe,
+        doc = {"bench": "safety", "scenario": args.scenario, "sites": args.sites, "cells": args.cells,
+               "probe_s": args.probe,
                "duration_s": args.duration, "seed": args.seed, "definitions": __doc__, "rows": rows}
         Path(args.json).write_text(json.dumps(_json_safe(doc), indent=2))
     return 0
