@@ -144,6 +144,18 @@ class _Stream:
 _STOP = object()
 
 
+def drain(q: queue.Queue, timeout: float = 0.0) -> list:
+    """Everything queued now; waits up to `timeout` seconds for the first item."""
+    out = []
+    try:
+        out.append(q.get(timeout=timeout) if timeout > 0 else q.get_nowait())
+        while True:
+            out.append(q.get_nowait())
+    except queue.Empty:
+        pass
+    return out
+
+
 class LeaseClient:
     def __init__(self, config: LeaseClientConfig, device: DeviceFacts, mode: str = "cpu_preferred",
                  capabilities: tuple[str, ...] = ("cpu_fallback",), clock: Callable[[], float] = time.monotonic,
@@ -202,14 +214,7 @@ class LeaseClient:
     # --- trainer side ----------------------------------------------------------------------------
     def poll(self, timeout: float = 0.0) -> list[Event]:
         """Events since the last call; waits up to `timeout` seconds for the first one."""
-        out = []
-        try:
-            out.append(self._events.get(timeout=timeout) if timeout > 0 else self._events.get_nowait())
-            while True:
-                out.append(self._events.get_nowait())
-        except queue.Empty:
-            pass
-        return out
+        return drain(self._events, timeout)
 
     def send_usage(self, report: lease_pb2.UsageReport) -> bool:
         return self._send(lease_pb2.AgentMessage(usage=report))

@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, replace
 
 from agent import worker_link as wl
-from agent.lease_client import Connected, CrossSiteChanged, Disconnected, LeaseGranted, LeaseRevoked
+from agent.lease_client import Connected, CrossSiteChanged, Disconnected, LeaseGranted, LeaseRevoked, drain
 from schemas.proto.weaver.v1 import lease_pb2
 
 log = logging.getLogger("weaver.agent.worker")
@@ -64,14 +64,7 @@ class LinkClient:
         return None
 
     def poll(self, timeout: float = 0.0) -> list:
-        out = []
-        try:
-            out.append(self._events.get(timeout=timeout) if timeout > 0 else self._events.get_nowait())
-            while True:
-                out.append(self._events.get_nowait())
-        except queue.Empty:
-            pass
-        return out
+        return drain(self._events, timeout)
 
     def send_usage(self, report: lease_pb2.UsageReport) -> bool:
         return self.send({"t": "usage", "pb": wl.pb(report)}) and self.connected

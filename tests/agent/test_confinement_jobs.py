@@ -63,7 +63,6 @@ def test_a_killed_supervisors_worker_dies_with_it_and_the_next_agent_sweeps_its_
     """SIGKILL of the supervisor leaves no worker running past its lease (PR_SET_PDEATHSIG), and its
     cgroup subtree is removed by the next agent that starts on the host."""
     import os
-    import signal
     import subprocess
     import sys
     import time
