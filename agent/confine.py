@@ -270,9 +270,12 @@ class WorkerCgroup:
             if self.host.version == 2:
                 (d / "cpu.max").write_text(f"{'max' if bw.quota_us < 0 else bw.quota_us} {bw.period_us}")
             else:
-                # lift the quota first: a period change is checked against the quota in force
-                (d / "cpu.cfs_quota_us").write_text("-1")
-                (d / "cpu.cfs_period_us").write_text(str(bw.period_us))
+                # v1 takes quota and period in two writes: go through the kernel's minimum quota, so no
+                # moment between them allows more than either the old or the new lease (lifting the quota
+                # first let a supervisor descheduled between the writes leave the tree unbounded)
+                if self.cpu is None or bw.period_us != self.cpu.period_us:
+                    (d / "cpu.cfs_quota_us").write_text(str(MIN_QUOTA_US))
+                    (d / "cpu.cfs_period_us").write_text(str(bw.period_us))
                 (d / "cpu.cfs_quota_us").write_text(str(bw.quota_us))
             self.cpu = bw
         return bw

@@ -59,6 +59,18 @@ site joins, late in the first sites' windows): what ran there while it was annou
 next window's budget, as debt, or it and the next window's early work share a metered period (90-108 SMs
 of an 80-SM lease at every round boundary).
 
+Kernel-bound (`EnforcerConfig.kernel_bound`, a worker the supervisor confines: agent.supervisor). The kernel
+now holds the worker's whole process tree to the lease's cores over 5 ms CFS periods and freezes it when
+the lease ends, so what only kept cooperative work inside the platform's metered periods is dropped: the
+phase stagger, the CPU meter's slot, the edge and probe rules, and the host reserve for announced work
+(`SiteAgent._apply_host_reserve`). What remains, and why: planning by CPU budget with the step-time fit
+(a kernel throttle does not lose work, but a window's budget spent early leaves the rest of the period
+frozen-by-quota for nothing else), the optimizer step when due and the budget covers it, the debt of a
+window's excess carried into the next (it keeps the worker's own accounting at the rate the kernel
+allows, so its reports and the fit stay true), the hard end of the lease (no launch planned past it: a
+freeze mid-batch only delays the batch, but its time past the lease is no lease's), and the caller's
+round deadline. Overrun is then only work past the lease's hard end.
+
 Idle accounting (the utilisation waterfall, xapp.waterfall). Every closed window says why the part of
 its grant that no recorded work used stayed idle, in lease seconds (wall seconds on the lease's units):
 granted = busy + host (its host CPU / threads) + the `idle_s` causes, exactly. The time between two calls

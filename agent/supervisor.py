@@ -154,6 +154,7 @@ class Supervisor:
             sweep_stale(host)
             self.cgroup = WorkerCgroup(host)
             self.confinement = f"cgroup-v{host.version}"
+            self._bound_self(host)
         except (ConfinementError, OSError) as exc:
             if not cooperative:
                 raise ConfinementError(f"no kernel confinement for the training worker: {exc}; "
@@ -166,6 +167,7 @@ class Supervisor:
         self.hello: dict = {}
         self.snapshot: _Snapshot | None = None
         self.frozen_since: float | None = None
+        self._freezer = threading.Lock()      # the freezer's and the quota's state
         self.freeze_latencies_s: list[float] = []   # lease end -> the kernel says frozen (last 1024)
         from prometheus_client import CollectorRegistry
 
@@ -180,7 +182,24 @@ class Supervisor:
         self._lock = threading.Lock()
         self._ckpt: dict[int, tuple[threading.Event, list]] = {}
         self._ckpt_id = 0
-        self._cpu0 = time.process_time()
+        self._cpu0 = self._reported_cpu = time.process_time()
+
+    def _bound_self(self, host) -> None:
+        """The supervisor's own CPU is bounded too (a sibling cgroup with `confine.supervisor_cores`), so its
+        work (heartbeats, the lease stream, inspection, metrics) is measured and capped apart from the lease."""
+        self._own_cg = WorkerCgroup(host, name="supervisor").create()
+        self._own_cg.set_cores(self.cfg.confine.supervisor_cores)
+        self._home = {c: host.base(c) / "cgroup.procs" for c in self._own_cg.dirs}
+        self._own_cg.add(os.getpid())
+
+    def _unbound_self(self) -> None:
+        """Back to the cgroups it started in, so its own can be removed."""
+        if getattr(self, "_own_cg", None) is None:
+            return
+        for f in dict.fromkeys(self._home.values()):
+            with contextlib.suppress(OSError):
+                f.write_text(str(os.getpid()))
+        self._own_cg = None
 
     # --- start ---------------------------------------------------------------------------------
     def _worker_cpus(self) -> set[int]:
@@ -263,19 +282,21 @@ class Supervisor:
     # --- the kernel side ---------------------------------------------------------------------------
     def _freeze(self, lease_id: str, reason: str) -> float:
         took = 0.0
-        if self.cgroup is not None and not self.cgroup.frozen:
-            took = self.cgroup.freeze()
-            if lease_id:
-                self.freeze_latencies_s = [*self.freeze_latencies_s[-1023:], took]
+        with self._freezer:
+            if self.cgroup is not None and not self.cgroup.frozen:
+                took = self.cgroup.freeze()
+                if lease_id:
+                    self.freeze_latencies_s = [*self.freeze_latencies_s[-1023:], took]
         if self.frozen_since is None:
             self.frozen_since = time.monotonic()
         return took
 
     def _run(self, cores: float) -> None:
-        if self.cgroup is not None:
-            self.cgroup.set_cores(cores)
-            if self.cgroup.frozen:
-                self.cgroup.thaw()
+        with self._freezer:
+            if self.cgroup is not None:
+                self.cgroup.set_cores(cores)
+                if self.cgroup.frozen:
+                    self.cgroup.thaw()
         self.frozen_since = None
 
     def _apply(self, action, at: float) -> None:
@@ -359,7 +380,10 @@ class Supervisor:
     def _from_worker(self, m: dict) -> None:
         t, c = m["t"], self.client
         if t == "usage":
-            c.send_usage(wl.unpb(lease_pb2.UsageReport, m["pb"]))
+            report = wl.unpb(lease_pb2.UsageReport, m["pb"])
+            cpu = time.process_time()       # the supervisor's own CPU since the last report, beside it
+            report.supervisor_cpu_ms, self._reported_cpu = (cpu - self._reported_cpu) * 1e3, cpu
+            c.send_usage(report)
         elif t == "release":
             seq = self._seq_of.get(str(m["lease_id"]))
             if seq is not None and seq <= self.released_seq:
@@ -496,8 +520,9 @@ class Supervisor:
                 log.warning("the worker did not stop in %.0f s: killed", STOP_GRACE_S)
                 self.worker.kill()
                 self.worker.wait()
+        self._unbound_self()
         if self.cgroup is not None:
-            self.cgroup.remove()
+            self.cgroup.remove()      # the whole subtree: worker and supervisor
         if self.client is not None:
             self.client.stop()
 

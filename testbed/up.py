@@ -197,9 +197,23 @@ def check_scenario(name: str) -> None:
 
 # The kernel's granularity on a confined worker (agent.confine): CFS checks a tree's quota at the scheduler
 # tick on each CPU it runs on, so a metered period can hold up to one tick per CPU beyond the lease's cores
-# (measured here, HZ 250: 1-6 ms beyond a 20-30 ms quota per 100 ms, 2 CPUs). On a GPU the partition is the
+# (measured here, HZ 250: 1-6 ms beyond a 20-30 ms quota per 100 ms on 2 CPUs, up to 12 ms beyond an 8 ms one
+# under contention; `weaver up` pins each stand-in to one CPU: `worker_cpus`). On a GPU the partition is the
 # green context's SMs exactly and one step covers rounding; a CPU stand-in's excess maps to site SMs.
 KERNEL_TICK_S = 0.004
+
+
+def worker_cpu(i: int) -> int:
+    """The one CPU site i's stand-in worker runs on (round robin over this process's CPUs)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[i % len(cpus)]
+
+
+def worker_cpus(cfg: UpConfig) -> int:
+    """CPUs in each stand-in worker's cpuset: one for a stand-in of at most a core (a tick of slack, not
+    one per CPU: a 0.5-core stand-in spread over two CPUs ran 19.6 SMs of heavy-small-gpu's 48 beyond its
+    8-SM lease in one period, 105 training-caused misses), else all of them."""
+    return 1 if cfg.cores_per_agent <= 1 else _host_cores()
 
 
 def kernel_guard_sms(gpu_sms: int, granularity: int, cores: float, period_s: float, cpus: int | None = None) -> int:
@@ -613,7 +627,8 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
     scenario = scenario_for(cfg)
     if not cfg.guard_sms:   # one guard for the xApp: the largest any site's stand-in needs
         cfg = replace(cfg, guard_sms=max(kernel_guard_sms(s.gpu_sms, s.granularity, cfg.cores_per_agent,
-                                                          scenario.period_s) for s in scenario.sites))
+                                                          scenario.period_s, worker_cpus(cfg))
+                                         for s in scenario.sites))
     sim_cfg = SimConfig(n_sites=cfg.sites, n_cells=cfg.cells, seed=cfg.seed, host=cfg.host, e2term_port=0,
                         submgr_http_port=0, xapps=(f"{cfg.host}:{ports['rmr']}",), route_dir=str(run_dir), speed=1.0,
                         node_overrides=cfg.node_overrides)   # the scenario file's node settings
@@ -661,7 +676,8 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                     "--site-id", site_name(i), "--agent-id", f"agent-{i}", "--preset", cfg.agent_preset,
                     "--checkpoint-dir", str(run_dir / f"agent-{i}"), "--inspect-addr", f"{cfg.host}:0",
                     "--metrics-addr", f"{cfg.host}:0", "--mode", "gpu",  # train only under leases, never unleased
-                    "--cores", f"{cfg.cores_per_agent:g}"]
+                    "--cores", f"{cfg.cores_per_agent:g}",
+                    *(["--worker-cpus", str(worker_cpu(i))] if cfg.cores_per_agent <= 1 else [])]
             # No --phase: the kernel holds each worker to its lease's cores over 5 ms CFS periods, so stand-ins
             # sharing the host's cores run side by side at their quotas; a phase slot (their turn-taking when
             # nothing but their manners bounded them) cannot hold a window's budget at that rate.
@@ -944,6 +960,10 @@ def site_waterfall(world: World, i: int) -> dict | None:
                              usage=waterfall.subtract(e["usage"], s.get("usage", {})))
     out["platform_meter"] = {"periods": t.periods, "peak_sm_s": float(world.gpu[i]) * t.periods * world.sim.period_s
                              - t.spare_above_peak_sm_s}
+    truth = world.truths[i] if i < len(world.truths) else None
+    if truth is not None and truth.supervisor is not None:   # the platform's meter of it, beside the report
+        out["outside_lease"] = {"supervisor_cpu_s": truth.supervisor_cpu_s,
+                                "supervisor_cpu_s_reported": out.get("outside_lease", {}).get("supervisor_cpu_s", 0.0)}
     return out
 
 
@@ -1064,6 +1084,9 @@ def waterfall_line(wf: dict, top: int = 3) -> str:
         big = sorted(leg["causes_sm_s"].items(), key=lambda kv: -abs(kv[1]))[:top]
         parts.append(f"{leg['from']}>{leg['to']} {-leg['lost_sm_s']:+.0f}: "
                      + ", ".join(f"{c} {v:.0f}" for c, v in big))
+    sup = wf.get("outside_lease", {}).get("supervisor_cpu_s")
+    if sup:
+        parts.append(f"outside the leases: agent supervisors {sup:.1f} CPU·s")
     return "; ".join(parts)
 
 

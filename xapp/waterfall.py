@@ -22,6 +22,7 @@ clock), `combine` takes the platform's usable and used and names what its own me
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from xapp.policy import floor_to
@@ -45,6 +46,7 @@ AGENT_CAUSES = {"starved_sm_ms": "host-starvation", "idle_nothing_fits_sm_ms": "
                 "idle_round_wait_sm_ms": "round-wait", "idle_host_reserve_sm_ms": "host-reserve",
                 "idle_loop_sm_ms": "agent-loop", "idle_other_sm_ms": "enforcer-closing-term",
                 "beyond_grant_sm_ms": "beyond-grant"}        # a negative loss: used beyond the grant
+MAX_SUPERVISOR_CPU_MS = 60_000.0   # per report: a supervisor's CPU over one window is never near a minute
 AGENT_FIELDS = ("sm_ms_granted", "sm_ms_used", "host_sm_ms", *AGENT_CAUSES, "warm_up_sm_ms", "eval_sm_ms")
 FAILSAFE_REASONS = ("deadline-miss", "control-timeout", "control-failure", "site-error")
 
@@ -157,12 +159,17 @@ class UsageTotals:
     beyond_grant_sm_ms: float = 0.0
     warm_up_sm_ms: float = 0.0
     eval_sm_ms: float = 0.0
+    # a confined agent's supervisor (agent.supervisor): core-ms outside the worker's cgroup and its lease,
+    # not scaled to SMs (it is host CPU that never touches the GPU, not a stage of the waterfall)
+    supervisor_cpu_ms: float = 0.0
     reports: int = 0
 
     def add(self, u, scale: float = 1.0) -> None:
         """A UsageReport (anything with the AGENT_FIELDS attributes) in agent units, times `scale`."""
         for name in AGENT_FIELDS:
             setattr(self, name, getattr(self, name) + float(getattr(u, name)) * scale)
+        cpu = float(getattr(u, "supervisor_cpu_ms", 0.0))
+        self.supervisor_cpu_ms += cpu if math.isfinite(cpu) and 0 <= cpu <= MAX_SUPERVISOR_CPU_MS else 0.0
         self.reports += 1
 
     def as_dict(self) -> dict:
@@ -186,7 +193,7 @@ def combine(*, spare_above_peak_sm_s: float, guard_sm_s: float, usable_sm_s: flo
                       granted_sm_s=float(ledger.get("granted_sm_s", 0.0)),
                       lost=dict(ledger.get("lost_sm_s", {})), cut_short=dict(ledger.get("cut_short_sm_s", {})),
                       decisions=int(ledger.get("decisions", 0)))
-    tot = UsageTotals(**{k: float(usage.get(k, 0.0)) for k in AGENT_FIELDS})
+    tot = UsageTotals(**{k: float(usage.get(k, 0.0)) for k in (*AGENT_FIELDS, "supervisor_cpu_ms")})
     out = _build(usable=usable_sm_s, ledger=led, usage=tot, held=tot.sm_ms_granted / 1e3, used=used_sm_s,
                  meters={"usable": "platform: the model's RAN peak per period (ground truth)",
                          "used": "platform: what the agent process executed inside its lease (ground truth)"})
@@ -226,6 +233,7 @@ def _build(*, usable: float, ledger: GrantLedger, usage: UsageTotals, held: floa
                  _leg("held", "used", held, used, agent)],
         "used_not_training_sm_s": {"warm-up": usage.warm_up_sm_ms / 1e3, "validation": usage.eval_sm_ms / 1e3,
                                    "host": usage.host_sm_ms / 1e3},
+        "outside_lease": {"supervisor_cpu_s": usage.supervisor_cpu_ms / 1e3},
         "ratios": {"used_over_usable": used / usable if usable > 0 else 0.0,
                    "used_over_granted": used / granted if granted > 0 else 0.0,
                    "granted_over_usable": granted / usable if usable > 0 else 0.0},
@@ -247,8 +255,10 @@ def total(sites: dict[str, dict]) -> dict:
                 causes[c] = causes.get(c, 0.0) + s
         legs.append(_leg(leg["from"], leg["to"], stages[leg["from"]], stages[leg["to"]], causes))
     nt = {k: sum(v["used_not_training_sm_s"][k] for v in views) for k in views[0]["used_not_training_sm_s"]}
+    sup = sum(v.get("outside_lease", {}).get("supervisor_cpu_s", 0.0) or 0.0 for v in views)
     u, g, used = stages.get("usable", 0.0), stages.get("granted", 0.0), stages.get("used", 0.0)
     return {"stages_sm_s": stages, "legs": legs, "used_not_training_sm_s": nt,
+            "outside_lease": {"supervisor_cpu_s": sup},
             "ratios": {"used_over_usable": used / u if u > 0 else 0.0,
                        "used_over_granted": used / g if g > 0 else 0.0,
                        "granted_over_usable": g / u if u > 0 else 0.0},

@@ -26,6 +26,7 @@ class ConfinedRun:
     lease_ms: float
     rc: int
     released: list                # what the broker received
+    supervisor_cgroups: str = ""  # /proc/<supervisor>/cgroup while it ran
 
 
 def run_agent(tmp_path: Path, job: str = "", *, duty: float = 0.2, cooperative: bool = False,
@@ -46,6 +47,7 @@ def run_agent(tmp_path: Path, job: str = "", *, duty: float = 0.2, cooperative: 
         line = proc.stdout.readline()
         assert "worker pid " in line, line
         sampler = ProcCpuSampler(int(line.split("worker pid ")[1].split()[0]))
+        own = Path(f"/proc/{proc.pid}/cgroup").read_text()
         assert broker.wait_for(lambda: len(broker.usage()) >= 5, 60), "no usage reports: the worker never trained"
         time.sleep(1.0)        # the loader's processes are found by the sampler's rescan
         sampler.sample()
@@ -60,7 +62,7 @@ def run_agent(tmp_path: Path, job: str = "", *, duty: float = 0.2, cooperative: 
             proc.send_signal(signal.SIGTERM)
         rc = proc.wait(60)
         broker.stop()
-    return ConfinedRun(line, leased, revoked, duty * WINDOW_S * 1e3, rc, broker.released())
+    return ConfinedRun(line, leased, revoked, duty * WINDOW_S * 1e3, rc, broker.released(), own)
 
 
 def _window(sampler: ProcCpuSampler) -> float:

@@ -33,6 +33,8 @@ def test_a_users_job_runs_only_inside_its_lease(tmp_path, job):
     assert sum(r.leased_ms) / len(r.leased_ms) > 0.5 * r.lease_ms, "it trained"
     assert max(r.revoked_ms) < 0.5, f"CPU with no lease: {r.revoked_ms}"
     assert r.rc == 0
+    # the supervisor's own CPU is bounded apart, in a sibling cgroup of the worker's
+    assert any(line.split(":")[1] == "cpu" and line.endswith("/supervisor") for line in r.supervisor_cgroups.splitlines())
 
 
 @pytest.mark.parametrize("job", JOBS, ids=lambda j: j.split(":make_")[1])
@@ -57,6 +59,35 @@ def test_no_cgroup_and_no_cooperative_flag_refuses_to_train(tmp_path):
     assert p.returncode == 2
     assert p.stderr.strip().splitlines()[-1].startswith("weaver-agent: refusing to train: no kernel confinement")
     assert "--cooperative" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_killed_worker_ends_its_supervisor_with_the_cause_and_no_cgroup_left(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.agent.broker import ScriptedBroker
+    from tests.agent.confined_run import ROOT
+    broker = ScriptedBroker(heartbeat_ms=100)
+    port = broker.start()
+    broker.renew_every_period(sm_count=1, period_ms=100, valid_for_ms=300, duty=0.5)
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--preset", "tiny", "--mode", "gpu",
+                              "--device", "cpu", "--cores", "1", "--broker", f"127.0.0.1:{port}",
+                              "--checkpoint-dir", str(tmp_path), "--inspect-addr", "127.0.0.1:0", "--metrics-addr", ""],
+                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        line = p.stdout.readline()
+        worker = int(line.split("worker pid ")[1].split()[0])
+        subtree = os.path.dirname(os.path.dirname(line.split(" meter ")[1].split(",")[0]))
+        assert broker.wait_for(lambda: len(broker.usage()) >= 3, 60)
+        os.kill(worker, signal.SIGKILL)
+        assert p.wait(30) == 1
+        assert "worker exited with -9" in p.stderr.read()
+        assert not os.path.isdir(subtree)
+    finally:
+        broker.stop()
 
 
 def test_a_killed_supervisors_worker_dies_with_it_and_the_next_agent_sweeps_its_cgroups(tmp_path):

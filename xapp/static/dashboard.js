@@ -309,7 +309,10 @@
       i.style.background = color;
       return el("span", { class: "wf-key", "data-testid": "waterfall-cause" }, i, cause);
     };
-    c.wfText.replaceChildren(...[...colorOf].map(([k, col]) => key(k, col)), el("div", {}, `SM·s lost - ${parts.join("; ")}`));
+    const sup = wf.outside_lease && isNum(wf.outside_lease.supervisor_cpu_s) ? wf.outside_lease.supervisor_cpu_s : null;
+    c.wfText.replaceChildren(...[...colorOf].map(([k, col]) => key(k, col)), el("div", {}, `SM·s lost - ${parts.join("; ")}`),
+      ...(sup === null ? [] : [el("div", { "data-testid": "waterfall-supervisor" },
+        `agent supervisor ${fmt(sup, 1)} CPU·s, outside the lease (bounded apart)`)]));
     canvas.setAttribute("aria-label", `waterfall ${WF_STAGES.map((k) => `${k} ${fmt(st[k], 0)}`).join(" > ")} SM·s`);
   }
 
