@@ -129,7 +129,7 @@ class ConfinementConfig:
     memory_mb: int = 16384       # the worker tree's memory limit (0 = none)
     startup_cores: float = 0.0   # while the job is built, before any lease (0 = the stand-in's cores)
     shutdown_cores: float = 0.0  # for the final checkpoint after the last lease (0 = a tenth of them, >= 0.05)
-    supervisor_cores: float = 0.25  # the supervisor's own CPU bound (measured ~0.02-0.03 core on average)
+    supervisor_cores: float = 0.5   # the supervisor's own CPU bound (measured 0.02-0.08 core on average)
 
     def __post_init__(self) -> None:
         from agent.confine import parse_cpu_list

@@ -170,36 +170,57 @@ class ProcCpuSampler:
 
 @dataclass
 class CgroupCpuSampler:
-    """What a confined worker's cgroup executed between `sample()` calls: the kernel's own accounting
-    (`cpuacct.usage` / cpu.stat `usage_usec`, every task of the tree, exited ones included), the meter the
-    worker cannot escape. `stat_cpu_s` is the independent cross-check: the worker's process tree from /proc."""
+    """What a confined worker's cgroup executed between `sample()` calls. Membership is the kernel's
+    (`cgroup.procs` beside the meter: every process of the tree, however it was started); each member is
+    read by its process CPU clock, which includes the running slice of a task on CPU (the kernel brings it
+    up to date on the read). The cgroup's own counter (`cpuacct.usage` / cpu.stat `usage_usec`) advances
+    only when the scheduler accounts (a tick, a switch), so a read once a period can lag a running worker by
+    up to a tick per CPU. That counter, exited tasks included, is the cumulative cross-check (`stat_cpu_s`);
+    `clock_cpu_s` is the precise sum (a process that exits between two samples loses its last interval)."""
 
     meter_path: str
-    pid: int                       # the worker, for the /proc cross-check
+    pid: int                       # the worker (kept for the record; membership comes from the cgroup)
     source: str = field(default="", init=False)
     clock_cpu_s: float = field(default=0.0, init=False)
-    _tree: ProcCpuSampler = field(init=False, repr=False)
-    _last_ns: int | None = field(default=None, init=False, repr=False)
+    stat_cpu_s: float = field(default=0.0, init=False)
+    _procs: Path = field(init=False, repr=False)
+    _last_ns: dict[int, int] = field(default_factory=dict, init=False, repr=False)
+    _meter_ns: int | None = field(default=None, init=False, repr=False)
+    _started: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.source = f"worker cgroup {Path(self.meter_path).name} (ns, every task of the tree, exited ones included)"
-        self._tree = ProcCpuSampler(self.pid)
-
-    @property
-    def stat_cpu_s(self) -> float:
-        return self._tree.stat_cpu_s
+        self.source = (f"worker cgroup: its processes (cgroup.procs) by their CPU clocks (ns, running slices "
+                       f"included); {Path(self.meter_path).name} as the cross-check")
+        self._procs = Path(self.meter_path).parent / "cgroup.procs"
 
     def sample(self) -> float | None:
-        ns = read_usage_ns(self.meter_path)
-        self._tree.sample()
-        if ns is None:
+        meter = read_usage_ns(self.meter_path)
+        if meter is None:
             return None
-        prev, self._last_ns = self._last_ns, ns
-        if prev is None:
+        try:
+            pids = [int(x) for x in self._procs.read_text().split()]
+        except OSError:
+            return None
+        delta, seen = 0, {}
+        for p in pids:
+            ns = process_cpu_ns(p)
+            if ns is None:
+                continue
+            seen[p] = ns
+            prev = self._last_ns.get(p)
+            if prev is not None:
+                delta += max(ns - prev, 0)
+            elif self._started:       # a process that joined since the last sample: all of it is new
+                delta += ns
+        self._last_ns = seen
+        if self._meter_ns is not None:
+            self.stat_cpu_s += max(meter - self._meter_ns, 0) / 1e9
+        self._meter_ns = meter
+        if not self._started:
+            self._started = True
             return 0.0
-        delta = max(ns - prev, 0) / 1e9
-        self.clock_cpu_s += delta
-        return delta
+        self.clock_cpu_s += delta / 1e9
+        return delta / 1e9
 
 
 def read_usage_ns(meter_path: str) -> int | None:

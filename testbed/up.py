@@ -39,6 +39,7 @@ import re
 import secrets
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -197,23 +198,25 @@ def check_scenario(name: str) -> None:
 
 # The kernel's granularity on a confined worker (agent.confine): CFS checks a tree's quota at the scheduler
 # tick on each CPU it runs on, so a metered period can hold up to one tick per CPU beyond the lease's cores
-# (measured here, HZ 250: 1-6 ms beyond a 20-30 ms quota per 100 ms on 2 CPUs, up to 12 ms beyond an 8 ms one
-# under contention; `weaver up` pins each stand-in to one CPU: `worker_cpus`). On a GPU the partition is the
+# (measured here, HZ 250: 1-6 ms beyond a 20-30 ms quota per 100 ms on 2 CPUs; pinning each stand-in to one
+# CPU halved that but not the 8-20 ms single-period overshoots seen under host contention, which it made more
+# frequent, and was dropped). On a GPU the partition is the
 # green context's SMs exactly and one step covers rounding; a CPU stand-in's excess maps to site SMs.
 KERNEL_TICK_S = 0.004
 
 
-def worker_cpu(i: int) -> int:
-    """The one CPU site i's stand-in worker runs on (round robin over this process's CPUs)."""
-    cpus = sorted(os.sched_getaffinity(0))
-    return cpus[i % len(cpus)]
+COOPERATIVE_GUARD_SMS = 32   # issue 16's guard for agents bounded by their own accounting only
 
 
-def worker_cpus(cfg: UpConfig) -> int:
-    """CPUs in each stand-in worker's cpuset: one for a stand-in of at most a core (a tick of slack, not
-    one per CPU: a 0.5-core stand-in spread over two CPUs ran 19.6 SMs of heavy-small-gpu's 48 beyond its
-    8-SM lease in one period, 105 training-caused misses), else all of them."""
-    return 1 if cfg.cores_per_agent <= 1 else _host_cores()
+def agent_confinement() -> tuple[bool, str]:
+    """Whether the agents' workers can be confined on this host (agent.confine, asked in the agent venv: this
+    one cannot import it), and why not. Without it `weaver up` still runs, as a demo: the agents get
+    --cooperative and the guard issue 16 needed for them, and the start-up lines say so."""
+    r = subprocess.run([str(agent_python()), "-c", "from agent.confine import detect; print(detect().version)"],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if r.returncode == 0:
+        return True, f"cgroup v{r.stdout.strip()}"
+    return False, (r.stderr.strip().splitlines() or ["no cgroup"])[-1].split("ConfinementError: ")[-1]
 
 
 def kernel_guard_sms(gpu_sms: int, granularity: int, cores: float, period_s: float, cpus: int | None = None) -> int:
@@ -625,10 +628,12 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
     logging.getLogger().setLevel(logging.INFO)
     ports = {"rmr": free_port(), "rest": cfg.rest_port or free_port(), "broker": free_port()}
     scenario = scenario_for(cfg)
+    bound, why = await asyncio.to_thread(agent_confinement)
+    if not bound and not cfg.guard_sms:
+        cfg = replace(cfg, guard_sms=COOPERATIVE_GUARD_SMS)
     if not cfg.guard_sms:   # one guard for the xApp: the largest any site's stand-in needs
         cfg = replace(cfg, guard_sms=max(kernel_guard_sms(s.gpu_sms, s.granularity, cfg.cores_per_agent,
-                                                          scenario.period_s, worker_cpus(cfg))
-                                         for s in scenario.sites))
+                                                          scenario.period_s) for s in scenario.sites))
     sim_cfg = SimConfig(n_sites=cfg.sites, n_cells=cfg.cells, seed=cfg.seed, host=cfg.host, e2term_port=0,
                         submgr_http_port=0, xapps=(f"{cfg.host}:{ports['rmr']}",), route_dir=str(run_dir), speed=1.0,
                         node_overrides=cfg.node_overrides)   # the scenario file's node settings
@@ -676,8 +681,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                     "--site-id", site_name(i), "--agent-id", f"agent-{i}", "--preset", cfg.agent_preset,
                     "--checkpoint-dir", str(run_dir / f"agent-{i}"), "--inspect-addr", f"{cfg.host}:0",
                     "--metrics-addr", f"{cfg.host}:0", "--mode", "gpu",  # train only under leases, never unleased
-                    "--cores", f"{cfg.cores_per_agent:g}",
-                    *(["--worker-cpus", str(worker_cpu(i))] if cfg.cores_per_agent <= 1 else [])]
+                    "--cores", f"{cfg.cores_per_agent:g}", *([] if bound else ["--cooperative"])]
             # No --phase: the kernel holds each worker to its lease's cores over 5 ms CFS periods, so stand-ins
             # sharing the host's cores run side by side at their quotas; a phase slot (their turn-taking when
             # nothing but their manners bounded them) cannot hold a window's budget at that rate.
@@ -721,6 +725,9 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         else:
             out("weaver up: lighthouse none (--no-cross-site: each site trains alone)")
         out(f"weaver up: run dir    {run_dir} (logs, config, checkpoints)")
+        if not bound:
+            out(f"weaver up: confinement none ({why}): the agents run --cooperative, bounded by their own "
+                f"accounting only; guard {cfg.guard_sms} SMs")
         where = ("the worker cgroups' kernel accounting" if truths[0].meter_path else "/proc")
         out(f"weaver up: truth      agent CPU from {where} ({truths[0].sampler.source}; supervisors metered apart), "
             f"site SMs = cpu_s / period_s * gpu_sms / {cfg.cores_per_agent:g} core(s) (each agent's CPU stand-in "
