@@ -347,19 +347,5 @@ class WorkerCgroup:
         return int(stat.get("nr_throttled", 0)), int(stat.get("throttled_time", 0))
 
 
-def read_usage_ns(meter_path: str) -> int | None:
-    """A worker cgroup's CPU time from its meter file (None once the cgroup is gone)."""
-    try:
-        text = Path(meter_path).read_text()
-    except OSError:
-        return None
-    if meter_path.endswith("cpu.stat"):
-        for line in text.splitlines():
-            if line.startswith("usage_usec "):
-                return int(line.split()[1]) * 1000
-        return None
-    return int(text.strip() or 0)
-
-
 def online_cpus() -> set[int]:
     return set(os.sched_getaffinity(0))

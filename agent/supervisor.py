@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, replace
 
 from agent import worker_link as wl
@@ -64,6 +65,7 @@ HELLO_TIMEOUT_S = 600.0    # building a large job (tokenizer, weights from disk)
 STOP_GRACE_S = 20.0        # a stopping worker's final checkpoint
 TICK_S = 0.002             # the hard-end timer's resolution
 COOPERATIVE = "cooperative"
+OUTBOX_COALESCE = 64       # messages queued for a (frozen) worker before older leases are dropped
 PR_SET_PDEATHSIG = 1       # prctl(2)
 
 
@@ -154,7 +156,7 @@ class Supervisor:
             sweep_stale(host)
             self.cgroup = WorkerCgroup(host)
             self.confinement = f"cgroup-v{host.version}"
-            self._bound_self(host)
+            self._host = host
         except (ConfinementError, OSError) as exc:
             if not cooperative:
                 raise ConfinementError(f"no kernel confinement for the training worker: {exc}; "
@@ -178,7 +180,8 @@ class Supervisor:
         self._seq_of: dict[str, int] = {}           # lease id -> seq, of the leases granted lately
         self.worker_exit: str = ""
         self._sock: socket.socket | None = None
-        self._wlock = threading.Lock()
+        self._outbox: deque = deque()            # to the worker, sent by its own thread (_send_to_worker)
+        self._outbox_cv = threading.Condition()
         self._lock = threading.Lock()
         self._ckpt: dict[int, tuple[threading.Event, list]] = {}
         self._ckpt_id = 0
@@ -225,6 +228,7 @@ class Supervisor:
             self.cgroup.create(cpus=self._worker_cpus(), memory_limit_bytes=c.memory_mb << 20)
             self.cgroup.set_cores(self._startup_cores())
             procs = [str(p) for p in self.cgroup.procs_files()]
+            self._bound_self(self._host)
         env = {k: v for k, v in os.environ.items() if k != "WEAVER_AGENT_TOKEN"}   # the credential stays here
 
         def enter_cgroup():   # in the child, before exec: the worker runs nothing outside its cgroup
@@ -268,6 +272,7 @@ class Supervisor:
         for m in pending:
             self._from_worker(m)
         threading.Thread(target=self._read_worker, args=(dec,), name="worker-link", daemon=True).start()
+        threading.Thread(target=self._send_to_worker, name="to-worker", daemon=True).start()
         self.client.start()
         return hello
 
@@ -356,11 +361,25 @@ class Supervisor:
 
     # --- the worker side -----------------------------------------------------------------------------
     def _to_worker(self, msg: dict) -> None:
-        try:
-            with self._wlock:
+        """Queue `msg` for the worker. A frozen worker reads nothing, so the lease loop never writes to its
+        socket itself (a full socket would stall the hard-end timer); while it is frozen, only the newest
+        lease waits for it (an older one is superseded by it anyway)."""
+        with self._outbox_cv:
+            if msg["t"] == "lease" and len(self._outbox) >= OUTBOX_COALESCE:
+                self._outbox = deque(m for m in self._outbox if m["t"] != "lease")
+            self._outbox.append(msg)
+            self._outbox_cv.notify()
+
+    def _send_to_worker(self) -> None:
+        while True:
+            with self._outbox_cv:
+                while not self._outbox:
+                    self._outbox_cv.wait()
+                msg = self._outbox.popleft()
+            try:
                 self._sock.sendall(wl.encode(msg))
-        except OSError:
-            pass   # it is gone: _pump sees the exit
+            except OSError:
+                return   # it is gone: _pump sees the exit
 
     def _read_worker(self, dec: wl.FrameDecoder) -> None:
         try:

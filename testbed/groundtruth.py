@@ -224,8 +224,8 @@ class CgroupCpuSampler:
 
 
 def read_usage_ns(meter_path: str) -> int | None:
-    """A cgroup's CPU time from its meter file (None once the cgroup is gone). The same reading as
-    agent.confine's, written here again because the testbed must not import the agent."""
+    """A cgroup's CPU time from its meter file (None once the cgroup is gone): the platform's reading of the
+    worker cgroup agent.confine makes (the testbed imports nothing of the agent)."""
     try:
         text = Path(meter_path).read_text()
     except OSError:

@@ -87,3 +87,19 @@ def test_bad_payloads_are_refused():
         wl.terms_from_json(bad)
     with pytest.raises(wl.LinkError):
         wl.encode({"t": "snapshot", "metrics": "x" * (wl.MAX_FRAME + 1)})
+
+
+def test_a_frozen_workers_queue_keeps_only_the_newest_leases(monkeypatch):
+    """The lease loop never blocks on a worker that reads nothing (frozen): it queues, and past
+    OUTBOX_COALESCE queued messages an older lease is dropped for the newer one (revokes are kept)."""
+    from agent.config import tiny_cpu
+    from agent.supervisor import OUTBOX_COALESCE, Supervisor
+    monkeypatch.setenv("WEAVER_NO_CGROUP", "1")      # no process of this test is moved into a cgroup
+    sup = Supervisor(tiny_cpu(), cooperative=True)
+    for i in range(OUTBOX_COALESCE + 10):
+        sup._to_worker({"t": "lease", "terms": {"n": i}})
+        if i == 5:
+            sup._to_worker({"t": "revoke", "at": 0.0, "lease_id": "", "reason": "x"})
+    kinds = [m["t"] for m in sup._outbox]
+    assert "revoke" in kinds and len(sup._outbox) <= OUTBOX_COALESCE + 1
+    assert sup._outbox[-1]["terms"]["n"] == OUTBOX_COALESCE + 9
