@@ -227,6 +227,12 @@ def kernel_guard_sms(gpu_sms: int, granularity: int, cores: float, period_s: flo
     return granularity * max(1, math.ceil(slack_sms / granularity - 1e-9))
 
 
+def derived_guard(cfg: UpConfig, scenario: Scenario) -> int:
+    """One guard for the xApp (`UpConfig.guard_sms` 0): the largest any site's confined stand-in needs."""
+    return max(kernel_guard_sms(s.gpu_sms, s.granularity, cfg.cores_per_agent, scenario.period_s)
+               for s in scenario.sites)
+
+
 def scenario_for(cfg: UpConfig) -> Scenario:
     """demo: sites of different archetypes (and phases), so their spare capacity is complementary (at 3 x 4,
     testbed.scenarios' demo); otherwise the named scenario as `weaver bench` builds it, at the live period.
@@ -293,7 +299,7 @@ def xapp_controls(cfg: UpConfig, sim, ports: dict[str, int], lighthouse_addr: st
     c = base["controls"]
     c["period_ms"] = int(cfg.period_ms)
     c["policy"]["name"] = cfg.policy
-    c["policy"]["guard_sms"] = cfg.guard_sms
+    c["policy"]["guard_sms"] = cfg.guard_sms or derived_guard(cfg, sim.model.scenario)
     if cfg.policy == "static":   # the descriptor's reserve of 0 is refused as unsafe: tune it as the bench does
         c["policy"]["static_reserve_sms"] = static_reserve_for(cfg)
     c["sites"] = []
@@ -631,9 +637,8 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
     bound, why = await asyncio.to_thread(agent_confinement)
     if not bound and not cfg.guard_sms:
         cfg = replace(cfg, guard_sms=COOPERATIVE_GUARD_SMS)
-    if not cfg.guard_sms:   # one guard for the xApp: the largest any site's stand-in needs
-        cfg = replace(cfg, guard_sms=max(kernel_guard_sms(s.gpu_sms, s.granularity, cfg.cores_per_agent,
-                                                          scenario.period_s) for s in scenario.sites))
+    if not cfg.guard_sms:
+        cfg = replace(cfg, guard_sms=derived_guard(cfg, scenario))
     sim_cfg = SimConfig(n_sites=cfg.sites, n_cells=cfg.cells, seed=cfg.seed, host=cfg.host, e2term_port=0,
                         submgr_http_port=0, xapps=(f"{cfg.host}:{ports['rmr']}",), route_dir=str(run_dir), speed=1.0,
                         node_overrides=cfg.node_overrides)   # the scenario file's node settings
