@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not HAVE_CGROUP, reason="no w
 # The kernel's own granularity over a 100 ms window: CFS checks the quota at the scheduler tick (4 ms
 # here) on each CPU the tree runs on (2 here); measured 1-6 ms beyond a 20 ms quota.
 KERNEL_SLACK_MS = 8.0
+NO_LEASE_MS = 0.5       # CPU a 100 ms window may show with no lease (the meter's own noise: frozen is 0.0)
 JOBS = ["agent.jobs.userland:make_metrics_thread_job", "agent.jobs.userland:make_loader_job",
         "agent.jobs.userland:make_threads_job"]
 
@@ -31,7 +32,7 @@ def test_a_users_job_runs_only_inside_its_lease(tmp_path, job):
     assert "bound by cgroup-v" in r.line
     assert max(r.leased_ms) <= r.lease_ms + KERNEL_SLACK_MS, (r.leased_ms, r.lease_ms)
     assert sum(r.leased_ms) / len(r.leased_ms) > 0.5 * r.lease_ms, "it trained"
-    assert max(r.revoked_ms) < 0.5, f"CPU with no lease: {r.revoked_ms}"
+    assert max(r.revoked_ms) < NO_LEASE_MS, f"CPU with no lease: {r.revoked_ms}"
     assert r.rc == 0
     # the supervisor's own CPU is bounded apart, in a sibling cgroup of the worker's
     assert any(line.split(":")[1] == "cpu" and line.endswith("/supervisor") for line in r.supervisor_cgroups.splitlines())
@@ -39,11 +40,13 @@ def test_a_users_job_runs_only_inside_its_lease(tmp_path, job):
 
 @pytest.mark.parametrize("job", JOBS, ids=lambda j: j.split(":make_")[1])
 def test_without_the_kernel_bound_the_same_job_runs_with_no_lease(tmp_path, job):
-    r = run_agent(tmp_path, job, cooperative=True, leased_s=2.0)
+    r = run_agent(tmp_path, job, cooperative=True, leased_s=2.0, revoked_s=2.0)
     assert "bound by cooperative (WEAVER_NO_CGROUP is set)" in r.line
-    # what the confined run above never shows: a window beyond the lease and the kernel's slack, or CPU
-    # with no lease at all
-    assert max(r.leased_ms) > r.lease_ms + KERNEL_SLACK_MS or max(r.revoked_ms) >= 1.0, (r.leased_ms, r.revoked_ms)
+    # the confined test's own bounds fail: a window beyond the lease and the kernel's slack, or CPU with no
+    # lease at all (the threads job's extra threads the cooperative agent charges as host CPU, so what
+    # escapes it is its idle loop's: 0.4-0.8 ms a window; the metrics thread's is 31 ms)
+    assert max(r.leased_ms) > r.lease_ms + KERNEL_SLACK_MS or max(r.revoked_ms) >= NO_LEASE_MS, \
+        (r.leased_ms, r.revoked_ms)
 
 
 def test_no_cgroup_and_no_cooperative_flag_refuses_to_train(tmp_path):
