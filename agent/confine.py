@@ -311,11 +311,7 @@ class WorkerCgroup:
     def set_cpus(self, cpus: set[int]) -> None:
         if not cpus:
             raise ConfinementError("the worker's cpuset would be empty (every core is the RAN's)")
-        d = self.dirs["cpuset"]
-        if self.host.version == 2:
-            (d / "cpuset.cpus").write_text(format_cpu_list(cpus))
-        else:
-            (d / "cpuset.cpus").write_text(format_cpu_list(cpus))
+        (self.dirs["cpuset"] / "cpuset.cpus").write_text(format_cpu_list(cpus))   # the same file on v1 and v2
 
     def set_memory_limit(self, limit_bytes: int) -> None:
         d = self.dirs["memory"]

@@ -63,7 +63,7 @@ log = logging.getLogger("weaver.agent.supervisor")
 
 HELLO_TIMEOUT_S = 600.0    # building a large job (tokenizer, weights from disk) may take minutes
 STOP_GRACE_S = 20.0        # a stopping worker's final checkpoint
-TICK_S = 0.002             # the hard-end timer's resolution
+PUMP_WAIT_S = 0.05         # longest wait for a lease event between hard-end checks
 COOPERATIVE = "cooperative"
 OUTBOX_COALESCE = 64       # messages queued for a (frozen) worker before older leases are dropped
 PR_SET_PDEATHSIG = 1       # prctl(2)
@@ -170,7 +170,6 @@ class Supervisor:
         self.snapshot: _Snapshot | None = None
         self.frozen_since: float | None = None
         self._freezer = threading.Lock()      # the freezer's and the quota's state
-        self.freeze_latencies_s: list[float] = []   # lease end -> the kernel says frozen (last 1024)
         from prometheus_client import CollectorRegistry
 
         from agent.metrics import yield_histogram
@@ -290,8 +289,6 @@ class Supervisor:
         with self._freezer:
             if self.cgroup is not None and not self.cgroup.frozen:
                 took = self.cgroup.freeze()
-                if lease_id:
-                    self.freeze_latencies_s = [*self.freeze_latencies_s[-1023:], took]
         if self.frozen_since is None:
             self.frozen_since = time.monotonic()
         return took
@@ -321,9 +318,9 @@ class Supervisor:
     def _pump(self) -> None:
         """Lease events -> the kernel first, then the worker; the hard-end timer in between."""
         while not self.stop_event.is_set():
-            deadline = self.gate.next_deadline()
-            wait = TICK_S if deadline is None else max(0.0, min(0.05, deadline - time.monotonic()))
-            events = self.client.poll(wait if deadline is not None else 0.05)
+            deadline = self.gate.next_deadline()     # the hard-end timer: woken at it, or at least every 50 ms
+            wait = PUMP_WAIT_S if deadline is None else max(0.0, min(PUMP_WAIT_S, deadline - time.monotonic()))
+            events = self.client.poll(wait)
             now = time.monotonic()
             with self._lock:
                 exp = self.gate.expired(now)
@@ -383,12 +380,7 @@ class Supervisor:
 
     def _read_worker(self, dec: wl.FrameDecoder) -> None:
         try:
-            while True:
-                data = self._sock.recv(1 << 16)
-                if not data:
-                    break
-                for m in dec.feed(data):
-                    self._from_worker(m)
+            wl.read_frames(self._sock, dec, self._from_worker)
         except (OSError, wl.LinkError) as exc:
             if not self.stop_event.is_set():
                 log.error("worker link broken: %s; stopping the worker", exc)
@@ -482,17 +474,12 @@ class Supervisor:
         from prometheus_client import CollectorRegistry, generate_latest
         from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
         site = self.cfg.lease.site_id
-        fl = sorted(self.freeze_latencies_s)
-        p99 = fl[min(len(fl) - 1, int(0.99 * len(fl)))] if fl else 0.0
         fams = [CounterMetricFamily("weaver_agent_supervisor_cpu_seconds", "CPU of the supervisor (lease stream, "
                                     "inspection, metrics): outside the worker's cgroup", labels=["site"]),
                 GaugeMetricFamily("weaver_agent_worker_frozen", "1 while the worker's cgroup is frozen (no lease)",
-                                  labels=["site"]),
-                GaugeMetricFamily("weaver_agent_freeze_seconds_p99", "revocation/expiry -> the kernel reports the "
-                                  "worker frozen, p99 of the last 1024", labels=["site"])]
+                                  labels=["site"])]
         fams[0].add_metric([site], time.process_time() - self._cpu0)
         fams[1].add_metric([site], 1.0 if self.frozen_since is not None else 0.0)
-        fams[2].add_metric([site], p99)
         if self.cgroup is not None:
             with contextlib.suppress(OSError):
                 w = CounterMetricFamily("weaver_agent_worker_cpu_seconds", "CPU the worker's cgroup executed "

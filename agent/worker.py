@@ -36,7 +36,7 @@ class LinkClient:
     """agent.lease_client.LeaseClient's interface (events in, reports out) over the supervisor link."""
 
     def __init__(self, sock: socket.socket, config, device, mode: str = "cpu_preferred") -> None:
-        self.config, self.device, self.mode = config, device, mode
+        self.config, self.device, self._mode = config, device, mode
         self.job = self.mode_evidence = ""
         self.agent_id = config.agent_id or f"{socket.gethostname()}-{os.getppid()}"
         self.connected = False
@@ -51,6 +51,17 @@ class LinkClient:
         self.closed = threading.Event()
 
     # --- LeaseClient's interface --------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        """A switch (SiteAgent._apply_switch): the supervisor registers it on the next (re)connect."""
+        if value != self._mode:
+            self._mode = value
+            self.send({"t": "mode", "mode": value})
+
     def start(self) -> LinkClient:
         if not self._reader.is_alive() and not self.closed.is_set():
             self._reader.start()
@@ -97,12 +108,7 @@ class LinkClient:
     def _read(self) -> None:
         dec = wl.FrameDecoder(wl.TO_WORKER)
         try:
-            while True:
-                data = self._sock.recv(1 << 16)
-                if not data:
-                    break
-                for msg in dec.feed(data):
-                    self._on(msg)
+            wl.read_frames(self._sock, dec, self._on)
         except (OSError, wl.LinkError) as exc:
             log.error("supervisor link broken: %s", exc)
         finally:

@@ -66,6 +66,14 @@ class FrameDecoder:
         return out
 
 
+def read_frames(sock, dec: FrameDecoder, on_message) -> None:
+    """Feed `on_message` every message read from `sock` until it closes (the one read loop of both ends;
+    OSError and LinkError are the caller's)."""
+    while data := sock.recv(1 << 16):
+        for msg in dec.feed(data):
+            on_message(msg)
+
+
 def pb(msg) -> str:
     return base64.b64encode(msg.SerializeToString()).decode()
 

@@ -36,6 +36,7 @@ import os
 import threading
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,6 +106,9 @@ class ProcCpuSampler:
     pid: int
     include_children: bool = True
     rescan_s: float = 1.0
+    # the processes to read, when someone else keeps the list (a cgroup's `cgroup.procs`: CgroupCpuSampler);
+    # read at every sample, in place of the tree below `pid`
+    members: Callable[[], list[int]] | None = field(default=None, repr=False)
     source: str = field(default="", init=False)
     clock_cpu_s: float = field(default=0.0, init=False)
     stat_cpu_s: float = field(default=0.0, init=False)
@@ -119,6 +123,8 @@ class ProcCpuSampler:
                        else "stat utime+stime (clock ticks)")
 
     def _pids(self) -> list[int]:
+        if self.members is not None:
+            return self.members()
         now = time.monotonic()
         if not self.include_children:
             return [self.pid]
@@ -172,55 +178,42 @@ class ProcCpuSampler:
 class CgroupCpuSampler:
     """What a confined worker's cgroup executed between `sample()` calls. Membership is the kernel's
     (`cgroup.procs` beside the meter: every process of the tree, however it was started); each member is
-    read by its process CPU clock, which includes the running slice of a task on CPU (the kernel brings it
-    up to date on the read). The cgroup's own counter (`cpuacct.usage` / cpu.stat `usage_usec`) advances
-    only when the scheduler accounts (a tick, a switch), so a read once a period can lag a running worker by
-    up to a tick per CPU. That counter, exited tasks included, is the cumulative cross-check (`stat_cpu_s`);
-    `clock_cpu_s` is the precise sum (a process that exits between two samples loses its last interval)."""
+    read by its process CPU clock (ProcCpuSampler), which includes the running slice of a task on CPU (the
+    kernel brings it up to date on the read). The cgroup's own counter (`cpuacct.usage` / cpu.stat
+    `usage_usec`) advances only when the scheduler accounts (a tick, a switch), so a read once a period can
+    lag a running worker by up to a tick per CPU. That counter, exited tasks included, is the cumulative
+    cross-check (`stat_cpu_s`); `clock_cpu_s` is the precise sum (a process that exits between two samples
+    loses its last interval)."""
 
     meter_path: str
     pid: int                       # the worker (kept for the record; membership comes from the cgroup)
     source: str = field(default="", init=False)
-    clock_cpu_s: float = field(default=0.0, init=False)
     stat_cpu_s: float = field(default=0.0, init=False)
-    _procs: Path = field(init=False, repr=False)
-    _last_ns: dict[int, int] = field(default_factory=dict, init=False, repr=False)
+    _members: ProcCpuSampler = field(init=False, repr=False)
     _meter_ns: int | None = field(default=None, init=False, repr=False)
-    _started: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.source = (f"worker cgroup: its processes (cgroup.procs) by their CPU clocks (ns, running slices "
                        f"included); {Path(self.meter_path).name} as the cross-check")
-        self._procs = Path(self.meter_path).parent / "cgroup.procs"
+        procs = Path(self.meter_path).parent / "cgroup.procs"
+        self._members = ProcCpuSampler(self.pid, members=lambda: [int(x) for x in procs.read_text().split()])
+
+    @property
+    def clock_cpu_s(self) -> float:
+        return self._members.clock_cpu_s
 
     def sample(self) -> float | None:
         meter = read_usage_ns(self.meter_path)
         if meter is None:
             return None
         try:
-            pids = [int(x) for x in self._procs.read_text().split()]
-        except OSError:
+            cpu = self._members.sample()
+        except OSError:        # the cgroup went between the two reads
             return None
-        delta, seen = 0, {}
-        for p in pids:
-            ns = process_cpu_ns(p)
-            if ns is None:
-                continue
-            seen[p] = ns
-            prev = self._last_ns.get(p)
-            if prev is not None:
-                delta += max(ns - prev, 0)
-            elif self._started:       # a process that joined since the last sample: all of it is new
-                delta += ns
-        self._last_ns = seen
         if self._meter_ns is not None:
             self.stat_cpu_s += max(meter - self._meter_ns, 0) / 1e9
         self._meter_ns = meter
-        if not self._started:
-            self._started = True
-            return 0.0
-        self.clock_cpu_s += delta / 1e9
-        return delta / 1e9
+        return cpu
 
 
 def read_usage_ns(meter_path: str) -> int | None:

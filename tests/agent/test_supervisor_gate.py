@@ -103,3 +103,19 @@ def test_a_frozen_workers_queue_keeps_only_the_newest_leases(monkeypatch):
     kinds = [m["t"] for m in sup._outbox]
     assert "revoke" in kinds and len(sup._outbox) <= OUTBOX_COALESCE + 1
     assert sup._outbox[-1]["terms"]["n"] == OUTBOX_COALESCE + 9
+
+
+def test_a_mode_switch_in_the_worker_reaches_the_supervisor():
+    """SiteAgent._apply_switch sets client.mode; over the link that is a `mode` message the supervisor
+    registers on its next (re)connect (before, the worker kept the switch to itself)."""
+    import socket
+
+    from agent.config import LeaseClientConfig
+    from agent.worker import LinkClient
+    ours, theirs = socket.socketpair()
+    link = LinkClient(theirs, LeaseClientConfig(), STANDIN, mode="gpu_preferred")
+    link.mode = "gpu_preferred"           # no switch: nothing sent
+    link.mode = "cpu_preferred"
+    ours.settimeout(5)
+    msgs = wl.FrameDecoder(wl.TO_SUPERVISOR).feed(ours.recv(1 << 16))
+    assert msgs == [{"t": "mode", "mode": "cpu_preferred"}] and link.mode == "cpu_preferred"
