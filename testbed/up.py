@@ -420,6 +420,7 @@ class AgentView:
     first_val_loss: float = math.nan
     last: dict = field(default_factory=dict)
     seen_at: float = 0.0
+    failed: bool = False       # its last Status call failed: the probe dials it anew
 
 
 def _status_dict(st) -> dict:
@@ -450,7 +451,7 @@ class AgentProbe:
 
         from schemas.proto.weaver.v1 import lease_pb2, lease_pb2_grpc
 
-        self._pb = lease_pb2
+        self._pb, self._pb_grpc, self._grpc = lease_pb2, lease_pb2_grpc, grpc
         self.views = views
         self.deadline_s = deadline_s
         self._channels = [grpc.insecure_channel(v.addr) for v in views]
@@ -464,6 +465,7 @@ class AgentProbe:
             st = call.result()
         except Exception:  # an agent that went away holds nothing we can see; the lease will expire
             v.last = {**v.last, "lease_sms": 0, "connected": False, "reachable": False}
+            v.failed = True   # the next poll dials it anew (a channel in reconnect backoff fails every call)
             return
         d = _status_dict(st)
         d["reachable"] = True
@@ -491,10 +493,15 @@ class AgentProbe:
 
         outstanding = []
         lock = threading.Lock()
-        for i, (v, stub) in enumerate(zip(self.views, self._stubs, strict=True)):
+        for i, v in enumerate(self.views):
             call = self._calls[i]
             if call is None or call.done():
-                call = self._calls[i] = stub.Status.future(self._pb.StatusRequest(), timeout=self.deadline_s)
+                if v.failed:
+                    v.failed = False
+                    self._channels[i].close()
+                    self._channels[i] = self._grpc.insecure_channel(v.addr)
+                    self._stubs[i] = self._pb_grpc.AgentInspectStub(self._channels[i])
+                call = self._calls[i] = self._stubs[i].Status.future(self._pb.StatusRequest(), timeout=self.deadline_s)
                 outstanding.append((v, call))
         left = len(outstanding)
         if not outstanding:
