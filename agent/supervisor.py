@@ -227,7 +227,8 @@ class Supervisor:
             self.cgroup.create(cpus=self._worker_cpus(), memory_limit_bytes=c.memory_mb << 20)
             self.cgroup.set_cores(self._startup_cores())
             procs = [str(p) for p in self.cgroup.procs_files()]
-            self._bound_self(self._host)
+            if c.supervisor_cores > 0:
+                self._bound_self(self._host)
         env = {k: v for k, v in os.environ.items() if k != "WEAVER_AGENT_TOKEN"}   # the credential stays here
 
         def enter_cgroup():   # in the child, before exec: the worker runs nothing outside its cgroup
