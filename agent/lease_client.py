@@ -42,6 +42,7 @@ import grpc
 from agent.config import LeaseClientConfig
 from agent.enforcer import LeaseTerms
 from agent.monitors import DeviceFacts
+from schemas.credential import make_proof
 from schemas.proto.weaver.v1 import lease_pb2, lease_pb2_grpc
 
 log = logging.getLogger("weaver.agent.lease")
@@ -246,10 +247,17 @@ class LeaseClient:
         return True
 
     # --- the stream thread -----------------------------------------------------------------------
+    def _proof(self) -> str:
+        """A fresh one-time proof of the site's credential for this Register (schemas.credential); a new one
+        for every connection, so a captured Register is worth nothing to anyone else."""
+        if not self.config.token:
+            return ""
+        return make_proof(self.config.token, self.config.site_id, self.agent_id, int(self.wall() * 1000))
+
     def _register(self) -> lease_pb2.AgentMessage:
         return lease_pb2.AgentMessage(register=lease_pb2.Register(
             site_id=self.config.site_id, agent_id=self.agent_id, device=self.device.to_proto(),
-            capabilities=list(self.capabilities), token=self.config.token, mode=self.mode,
+            capabilities=list(self.capabilities), token=self._proof(), mode=self.mode,
             job=self.job, mode_evidence=self.mode_evidence, confinement=self.confinement))
 
     def _requests(self, stream: _Stream):
@@ -288,7 +296,7 @@ class LeaseClient:
         """One stream, from connect to break. True when the broker welcomed us."""
         welcomed = False
         stream = _Stream()
-        metadata = (("authorization", f"Bearer {self.config.token}"),) if self.config.token else None
+        metadata = None   # the proof travels in Register.token; the credential itself never goes on the wire
         # No client keepalive pings: servers with default settings answer frequent pings with GOAWAY
         # (too_many_pings). A silent broker is caught anyway: its leases lapse on the agent's clock.
         reason = "stream ended"

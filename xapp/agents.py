@@ -19,12 +19,12 @@ Times: `now` is the caller's monotonic seconds; `now_unix` is wall-clock seconds
 """
 from __future__ import annotations
 
-import hashlib
 import hmac
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from schemas.credential import PROOF_FRESH_MS, parse_proof, proof_mac, site_credential
 from schemas.proto.weaver.v1 import lease_pb2
 from xapp.waterfall import AGENT_FIELDS, UsageTotals
 
@@ -39,9 +39,43 @@ USAGE_TOLERANCE = 1.0
 LEASES_KEPT = 16          # leases per session a report may still name (the current one and its predecessors)
 
 
-def site_credential(secret: str, site_id: str) -> str:
-    """The bearer credential of `site_id` under the broker secret: HMAC-SHA256(secret, site_id), hex."""
-    return hmac.new(secret.encode(), site_id.encode(), hashlib.sha256).hexdigest()
+class ProofBook:
+    """The registration proofs a broker took (schemas.credential), sans-IO: each proof once, only fresh, only
+    made after this broker started (a Register captured before an xApp restart is not welcomed after it), and
+    only under a credential that has not expired. A bare credential (a bearer token) is refused: it would be
+    as good to whoever saw it on the wire."""
+
+    def __init__(self, started_unix_ms: int, fresh_ms: int = PROOF_FRESH_MS, capacity: int = 65536) -> None:
+        self.started_unix_ms = started_unix_ms
+        self.fresh_ms = fresh_ms
+        self.capacity = capacity
+        self._seen: OrderedDict[tuple[str, str], int] = OrderedDict()   # (site, nonce) -> proof unix ms
+
+    def check(self, token: str, site: str, agent_id: str, secret: str, now_unix_ms: int) -> None:
+        p = parse_proof(token)
+        if p is None:
+            raise BadRequest(f"bad or missing token for site {site[:40]!r}: expected a registration proof made "
+                             "with the site's credential (schemas.credential; a bare credential is refused)",
+                             code="unauthenticated")
+        cred = site_credential(secret, site, p.expiry_unix)
+        if not hmac.compare_digest(p.mac, proof_mac(cred, site, agent_id, p)):
+            raise BadRequest(f"bad or missing token for site {site[:40]!r}: the proof is not the site's "
+                             "credential's", code="unauthenticated")
+        if p.expiry_unix and p.expiry_unix * 1000 <= now_unix_ms:
+            raise BadRequest(f"token for site {site[:40]!r}: the credential expired at {p.expiry_unix} "
+                             "(re-issue it: weaver-xapp site-token SITE)", code="unauthenticated")
+        if abs(now_unix_ms - p.unix_ms) > self.fresh_ms or p.unix_ms < self.started_unix_ms:
+            raise BadRequest(f"token for site {site[:40]!r}: a stale proof (made at {p.unix_ms}; this broker "
+                             f"takes proofs made since it started, within {self.fresh_ms} ms of its clock)",
+                             code="unauthenticated")
+        while self._seen and next(iter(self._seen.values())) < now_unix_ms - 2 * self.fresh_ms:
+            self._seen.popitem(last=False)
+        key = (site, p.nonce)
+        if key in self._seen:
+            raise BadRequest(f"token for site {site[:40]!r}: a proof already used (a replay)", code="unauthenticated")
+        if len(self._seen) >= self.capacity:
+            self._seen.popitem(last=False)
+        self._seen[key] = p.unix_ms
 
 
 def lease_id(site_id: str, epoch: int, seq: int) -> str:
@@ -87,16 +121,18 @@ def _ident(value: str, name: str) -> str:
 
 
 def check_register(msg: lease_pb2.Register, known_sites: set[str], secret: str | None,
-                   metadata_token: str | None = None) -> Registration:
+                   metadata_token: str | None = None, *, proofs: ProofBook | None = None,
+                   now_unix_ms: int = 0) -> Registration:
     """`secret`: the broker secret (None: no credential required, the dev mode); the Register must then
-    carry `site_credential(secret, site_id)` in `token` or as `authorization: Bearer` metadata."""
+    carry a proof made with the site's credential (`schemas.credential`) in `token` or as `authorization:
+    Bearer` metadata, which `proofs` takes once."""
     site = _ident(msg.site_id, "register.site_id")
     if secret is not None:
         given = msg.token or metadata_token or ""
         # checked before the site is looked up, so an unauthenticated peer learns nothing of the site list
-        if not hmac.compare_digest(given.encode(), site_credential(secret, site).encode()):
-            raise BadRequest(f"bad or missing token for site {site[:40]!r}: expected the site's credential, "
-                             "HMAC-SHA256(broker secret, site_id)", code="unauthenticated")
+        if proofs is None:
+            raise ValueError("check_register: a broker with a secret keeps a ProofBook")
+        proofs.check(given, site, msg.agent_id, secret, now_unix_ms)
     if site not in known_sites:
         raise BadRequest(f"register.site_id: unknown site {site!r} (known: {sorted(known_sites)})")
     agent = _ident(msg.agent_id, "register.agent_id")
@@ -174,6 +210,7 @@ class SessionLease:
     (revoked, or superseded by the next one), None while it is."""
     issued: LeaseIssued
     ended_unix: float | None = None
+    used_site_sm_ms: float = 0.0       # usage reported on it so far, in site SM·ms (bounded by its whole life)
 
     def end_unix(self) -> float:
         v = self.issued.valid_until_unix
@@ -338,13 +375,25 @@ class AgentBook:
         a = self.agents.get(site_id)
         if a is None or a.session != session:
             return False
-        self.check_report(a, u, now_unix)
+        held = self.check_report(a, u, now_unix)
         # A CPU agent (testbed, CI) stands in for the site GPU: its duty cycle over all its cores maps to the
         # lease's share of the GPU, so its core·ms convert to site SM·ms at gpu_sms / cores.
         scale = 1.0
         cores = a.reg.cores if 0 < a.reg.cores < a.reg.sm_count else a.reg.sm_count   # fractional stand-in
         if a.reg.kind == "cpu" and cores > 0 and gpu_sms > 0:
             scale = gpu_sms / cores
+        # The bound in site SM·ms, from the broker's own record of the lease (its SMs and life), whatever the
+        # agent declared its device to be (a stand-in that registered 0.01 cores scales its reports 100x):
+        # per report at most the lease's SMs over the window, per lease at most its SMs over its whole life.
+        lease = held.issued.lease
+        site_used = u.sm_ms_used * scale
+        per_report = lease.sm_count * (u.window_ms or lease.period_ms) * (1.0 + USAGE_TOLERANCE)   # 0: a period
+        per_lease = lease.sm_count * lease.valid_for_ms * (1.0 + USAGE_TOLERANCE)
+        if site_used > per_report + 1e-9 or held.used_site_sm_ms + site_used > per_lease + 1e-9:
+            raise UsageRefused(f"usage.sm_ms_used: {site_used:g} site SM·ms is more than lease {u.lease_id[:64]!r} "
+                               f"({lease.sm_count} SMs, {lease.valid_for_ms} ms) allows, with "
+                               f"{held.used_site_sm_ms:g} reported on it already", reason="usage-exceeds-lease")
+        held.used_site_sm_ms += site_used
         sample = UsageSample(now, u.sm_ms_used, u.sm_ms_granted, u.overrun_ms, u.steps, u.tokens, u.loss, u.mode,
                              u.window_ms, u.val_loss, u.device, u.mode_reason, scale)
         a.usage.append(sample)

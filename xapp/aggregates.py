@@ -4,7 +4,9 @@ of `bytes` will be ready at `earliest_start_unix_ms` and must reach its destinat
 
 Pure: `parse_announcement` validates one body as hostile input (every field typed and bounded, a clear
 message naming the field) and `AnnouncementBook` keeps the latest announcement per (site, round), at
-most `capacity` of them, the least recently announced dropped first. The REST adapter is in `xapp.rest`.
+most `per_site` a site (its own least recently announced dropped first: a site's flood evicts nothing of
+another's) and at most `capacity` in all (past it, a new key is refused, not made room for). The REST adapter
+(`xapp.rest`) authenticates each POST as the site it names (its broker credential).
 """
 from __future__ import annotations
 
@@ -75,18 +77,28 @@ def parse_announcement(body: object) -> Announcement:
 
 
 class AnnouncementBook:
-    def __init__(self, capacity: int = 4096):
+    def __init__(self, capacity: int = 4096, per_site: int = 64):
         self.capacity = capacity
+        self.per_site = per_site
         self._items: OrderedDict[tuple[str, int], Announcement] = OrderedDict()
+        self._count: dict[str, int] = {}
 
     def add(self, a: Announcement) -> bool:
-        """Store (a re-announcement of a (site, round) replaces the earlier one). True if it replaced."""
+        """Store (a re-announcement of a (site, round) replaces the earlier one). True if it replaced.
+        Raises AnnouncementError when the book is full of other sites' entries."""
         key = (a.site_id, a.round)
-        replaced = self._items.pop(key, None) is not None
+        if self._items.pop(key, None) is not None:
+            self._items[key] = a
+            return True
+        if self._count.get(a.site_id, 0) >= self.per_site:      # the site's own oldest goes
+            oldest = next(k for k in self._items if k[0] == a.site_id)
+            del self._items[oldest]
+            self._count[a.site_id] -= 1
+        elif len(self._items) >= self.capacity:
+            raise AnnouncementError(f"the book holds {self.capacity} announcements of other sites; retry later")
         self._items[key] = a
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
-        return replaced
+        self._count[a.site_id] = self._count.get(a.site_id, 0) + 1
+        return False
 
     def view(self) -> list[dict]:
         return [asdict(a) for a in sorted(self._items.values(), key=lambda a: (a.earliest_start_unix_ms, a.site_id))]

@@ -25,8 +25,17 @@ from pathlib import Path
 import grpc
 from google.protobuf.message import DecodeError
 
+from schemas.credential import tier_key
 from schemas.proto.weaver.v1 import lease_pb2
-from xapp.agents import AgentBook, BadRequest, LeaseIssued, UsageRefused, check_register, check_usage
+from xapp.agents import (
+    AgentBook,
+    BadRequest,
+    LeaseIssued,
+    ProofBook,
+    UsageRefused,
+    check_register,
+    check_usage,
+)
 from xapp.config import XappConfig
 
 log = logging.getLogger("weaver.xapp.broker")
@@ -85,6 +94,9 @@ class LeaseBroker:
         self.revoked: dict[str, int] = {}                 # reason -> leases this broker ended (xapp.metrics)
         self.server: grpc.aio.Server | None = None
         self.port = 0
+        self.tier_key = tier_key(cfg.broker.secret(), book.epoch)
+        # registration proofs are taken once, and only if made since this broker started (schemas.credential)
+        self.proofs = ProofBook(started_unix_ms=int(wall() * 1000))
 
     # lifecycle
     async def start(self, listen: str | None = None) -> int:
@@ -122,7 +134,8 @@ class LeaseBroker:
         b = self.cfg.broker
         return lease_pb2.CrossSiteConfig(lighthouse_addr=b.lighthouse_addr, round_ms=b.round_ms,
                                          round_epoch_ms=b.round_epoch_ms,
-                                         heartbeat_timeout_ms=b.heartbeat_ms * b.agent_timeout_heartbeats)
+                                         heartbeat_timeout_ms=b.heartbeat_ms * b.agent_timeout_heartbeats,
+                                         tier_key=self.tier_key, tier_epoch=self.book.epoch)
 
     def publish_cross_site(self) -> int:
         """Push the (changed) CrossSiteConfig to every connected agent; returns how many got it."""
@@ -204,7 +217,8 @@ class LeaseBroker:
             if first.WhichOneof("body") != "register":
                 raise BadRequest(f"first message must be register, got {first.WhichOneof('body')}")
             reg = check_register(first.register, {s.site_id for s in self.cfg.sites}, self.cfg.broker.secret(),
-                                 self._metadata_token(context))
+                                 self._metadata_token(context), proofs=self.proofs,
+                                 now_unix_ms=int(self.wall() * 1000))
             want = self.cfg.broker.job
             if want and reg.job != want:
                 raise BadRequest(f"register.job: site {reg.site_id!r} trains {want!r} (broker.job), the agent "

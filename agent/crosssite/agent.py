@@ -140,7 +140,7 @@ class CrossSiteAgent(SiteAgent):
             # collectives to two rounds and the quorum wait to three (it legitimately waits up to the
             # join timeout, 1.5 rounds). Seconds-long floors: a loaded host deschedules processes.
             return TierConfig.from_proto(msg, self.config.lease.site_id, timeout_s=max(5.0, 2 * round_s),
-                                         quorum_timeout_s=max(10.0, 3 * round_s))
+                                         quorum_timeout_s=max(10.0, 3 * round_s), bind_host=self.config.tier_host)
         except ValueError as exc:
             if str(exc) != self._bad_config:
                 self._bad_config = str(exc)

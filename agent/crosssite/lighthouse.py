@@ -4,18 +4,31 @@ The Lighthouse runs as its own process (torchft's `torchft_lighthouse` binary) s
 site never takes the quorum service with it, and so that it is stopped by pid, never by name.
 Run standalone: `python -m agent.crosssite.lighthouse --port 29510 --round-ms 1000` (timeouts derived
 from the round length) or with explicit `--heartbeat-timeout-ms` / `--join-timeout-ms`.
+
+With `--secret-env NAME` (the variable holding the broker secret) it is gated (agent.crosssite.gate): the
+torchft binary binds a loopback port and `--port` on `--bind-host` is a gate that lets through only hellos
+under a tier key the broker derives from that secret (`schemas.credential.tier_key`), of the newest epoch it
+has seen or a newer one (a restarted xApp's sites move on; a captured key of an older epoch stops working), and
+of the Lighthouse only its gRPC: the /status page and /replica/<id>/kill are not served through it. (An xApp
+that keeps its epoch in SDL only moves forward; one without SDL starts again at epoch 1 after a restart, whose key
+this gate then refuses: restart the Lighthouse with it.) It prints
+`lighthouse gate://HOST:PORT inner http://127.0.0.1:INNER`.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from schemas.announce import announce
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,38 @@ def _binary() -> str:
     return found
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: the binary holds nothing worth a goodbye, so it ends with whoever started
+    it, however that one ends (a SIGKILLed wrapper would otherwise leave it serving a quorum for good)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+
+
+class EpochKeys:
+    """The tier key of an epoch, for the gate: only the newest epoch seen in a good hello, or a newer one."""
+
+    def __init__(self, secret: str):
+        from schemas.credential import tier_key
+
+        if not secret:
+            raise ValueError("a gated Lighthouse needs the broker secret")
+        self._key = lambda epoch: tier_key(secret, epoch)
+        self.newest = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, epoch: int) -> bytes | None:
+        with self._lock:
+            if epoch < self.newest:
+                return None
+            # the MAC is checked after this: the ratchet moves only on a hello that passes (see `passed`)
+            return self._key(epoch)
+
+    def passed(self, epoch: int) -> None:
+        with self._lock:
+            self.newest = max(self.newest, epoch)
+
+
 class Lighthouse:
     """A Lighthouse child process; use as a context manager so it is always stopped."""
 
@@ -79,7 +124,7 @@ class Lighthouse:
             [_binary(), "--bind", f"127.0.0.1:{self.port}", "--min_replicas", str(c.min_replicas),
              "--join_timeout_ms", str(c.join_timeout_ms), "--heartbeat_timeout_ms", str(c.heartbeat_timeout_ms),
              "--quorum_tick_ms", str(c.quorum_tick_ms)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -113,6 +158,8 @@ class Lighthouse:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m agent.crosssite.lighthouse")
     ap.add_argument("--port", type=int, default=29510)
+    ap.add_argument("--bind-host", default="127.0.0.1", help="the gate's interface (gated only)")
+    ap.add_argument("--secret-env", default="", help="gate the Lighthouse with the broker secret in this variable")
     ap.add_argument("--min-replicas", type=int, default=1)
     ap.add_argument("--round-ms", type=int, default=0, help="derive both timeouts from the round length")
     ap.add_argument("--join-timeout-ms", type=int, default=1500)
@@ -123,13 +170,26 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cfg = LighthouseConfig(port=args.port, min_replicas=args.min_replicas, join_timeout_ms=args.join_timeout_ms,
                                heartbeat_timeout_ms=args.heartbeat_timeout_ms)
-    lh = Lighthouse(cfg).start()
-    print(f"lighthouse {lh.addr}", flush=True)
+    gate_server = None
+    if args.secret_env:
+        from agent.crosssite.gate import GateServer
+
+        keys = EpochKeys(os.environ.get(args.secret_env, ""))
+        lh = Lighthouse(replace(cfg, port=0)).start()
+        gate_server = GateServer(args.bind_host, args.port, keys, {"lighthouse": lh.port}, grpc_only=("lighthouse",),
+                                 max_connections=256, name="lighthouse-gate", on_hello=lambda h: keys.passed(h.epoch))
+        gate_server.start()
+        announce(f"lighthouse gate://{args.bind_host}:{gate_server.port} inner {lh.addr}")
+    else:
+        lh = Lighthouse(cfg).start()
+        announce(f"lighthouse {lh.addr}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         while lh.proc is not None and lh.proc.poll() is None:
             time.sleep(0.5)
     finally:
+        if gate_server is not None:
+            gate_server.stop()
         lh.stop()
     return 0
 

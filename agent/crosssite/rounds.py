@@ -163,6 +163,26 @@ def weighted_delta(global_flat: torch.Tensor, local_flat: torch.Tensor, work: Lo
     return (global_flat - local_flat).mul_(scale)
 
 
+def contribution_ok(global_flat: torch.Tensor, local_flat: torch.Tensor, max_delta_norm: float) -> bool:
+    """Whether this site's weights may enter the round: finite, and no further from the global weights than any
+    real round's training moves them. A site whose weights are not (a NaN step, a diverged run) contributes
+    nothing this round instead of taking every site's global model with it."""
+    if not torch.isfinite(local_flat).all():
+        return False
+    return float((local_flat - global_flat).double().norm()) <= max_delta_norm
+
+
+def gradient_ok(g: torch.Tensor, max_delta_norm: float, fednova: bool) -> bool:
+    """Whether a round's reduced outer gradient can be what admitted contributions sum to: each contributor's
+    delta is within `max_delta_norm`, so their token-weighted mean is too (FedNova's τ rescaling can move it by
+    the spread of local step counts: a factor 4 is allowed). Every site sees the same reduced sum, so every site
+    decides the same: a round whose sum is not finite or is beyond that bound (a peer sent more than it could
+    have trained) commits nowhere."""
+    if not torch.isfinite(g).all():
+        return False
+    return float(g.double().norm()) <= max_delta_norm * (4.0 if fednova else 1.0) * (1 + 1e-6)
+
+
 def outer_gradient(summed: torch.Tensor, stats: RoundStats, fednova: bool) -> torch.Tensor | None:
     """Σ-reduced payload → outer gradient; None when no site did any work this round."""
     if stats.tokens <= 0:
@@ -207,6 +227,21 @@ class OuterOptimizer:
     def load_state_dict(self, state: dict) -> None:
         # torch keeps same-dtype tensors by reference: copy, so two optimisers never share a buffer.
         self._opt.load_state_dict(copy.deepcopy(state))
+
+    def heal_state(self, copy: bool = False) -> dict:
+        """What a joiner takes from a peer: the momentum only (tensors and a flag, no structure to trust);
+        the learning rate and momentum factor are this site's own configuration. `copy`: a snapshot, not the
+        live buffer the next step updates in place."""
+        buf = self._opt.state.get(self._param, {}).get("momentum_buffer")
+        if buf is None:
+            return {"momentum": torch.zeros_like(self.params), "has_momentum": False}
+        return {"momentum": buf.clone() if copy else buf, "has_momentum": True}
+
+    def load_heal_state(self, state: dict) -> None:
+        if state["has_momentum"]:
+            self._opt.state[self._param]["momentum_buffer"] = state["momentum"].clone()
+        else:
+            self._opt.state.pop(self._param, None)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--site-port", type=int, default=0, help="local rendezvous port when --workers > 1")
     ap.add_argument("--local-compression", default="none", choices=("none", "bf16", "int8"))
     ap.add_argument("--log", required=True)
+    ap.add_argument("--tier-epoch", type=int, default=0, help="the epoch WEAVER_TIER_KEY is of (a gated tier)")
+    ap.add_argument("--tier-host", default="127.0.0.1", help="the site's tier interface (a gated tier's gate)")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(1)
@@ -111,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     duty = DutyCycle(tuple(float(x) for x in args.duty.split(",")))
     config = TierConfig(lighthouse_addr=args.lighthouse, site_id=args.site_id, round_ms=args.round_ms,
                         round_epoch_ms=args.round_epoch_ms, heartbeat_timeout_ms=args.heartbeat_timeout_ms,
-                        compression=args.compression, timeout_s=args.timeout_s)
+                        compression=args.compression, timeout_s=args.timeout_s,
+                        # the tier's key (hex) from the environment, as the broker would hand it (not argv: ps shows it)
+                        tier_key=bytes.fromhex(os.environ.get("WEAVER_TIER_KEY", "")), tier_epoch=args.tier_epoch,
+                        bind_host=args.tier_host)
     log = open(args.log, "a", buffering=1)   # line-buffered: a SIGKILL loses at most the current round
 
     def emit(kind: str, **fields) -> None:
@@ -122,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     emit("start", site_id=args.site_id, worker_rank=args.worker_rank, workers=args.workers,
+         gate_port=tier.gate.port if tier.gate is not None else 0,
          val_loss=trainer.evaluate())   # the untrained model: what "the loss falls" is measured against
     done = 0
     try:

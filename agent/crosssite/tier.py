@@ -27,10 +27,14 @@ formed on the host (`unflatten_into`, step 6).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+import os
+import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -45,7 +49,9 @@ from agent.crosssite.rounds import (
     RoundPolicy,
     RoundStats,
     TokenLedger,
+    contribution_ok,
     flatten,
+    gradient_ok,
     merged,
     outer_gradient,
     stats_tensor,
@@ -78,10 +84,26 @@ class TierConfig:
     timeout_s: float = 10.0            # collectives and should_commit
     quorum_timeout_s: float = 60.0
     policy: RoundPolicy = field(default_factory=RoundPolicy)
+    # the heal path (agent.crosssite.transport): the key the broker hands admitted sites, the interface the
+    # state server binds, and the bound on the global weights a peer may hand over
+    tier_key: bytes = b""
+    tier_epoch: int = 0                # the epoch tier_key is of (the gates' hello says it)
+    bind_host: str = "127.0.0.1"
+    max_weight_norm: float = 1e4
+    # robust aggregation (rounds.contribution_ok / gradient_ok): no site's round delta is larger than this
+    max_delta_norm: float = 1e3
 
     def __post_init__(self) -> None:
-        if not self.lighthouse_addr.startswith(("http://", "https://")):
-            raise ValueError(f"TierConfig.lighthouse_addr must be an http(s) URL, got {self.lighthouse_addr!r}")
+        if self.tier_key and len(self.tier_key) < 16:
+            raise ValueError("TierConfig.tier_key must be at least 16 bytes (or empty: no peer's state is taken)")
+        if not self.max_delta_norm > 0:
+            raise ValueError(f"TierConfig.max_delta_norm must be positive, got {self.max_delta_norm}")
+        if not self.max_weight_norm > 0:
+            raise ValueError(f"TierConfig.max_weight_norm must be positive, got {self.max_weight_norm}")
+        if not self.lighthouse_addr.startswith(("http://", "https://", "gate://")):
+            raise ValueError(f"TierConfig.lighthouse_addr must be an http(s) or gate:// URL, got {self.lighthouse_addr!r}")
+        if self.gated and not self.tier_key:
+            raise ValueError("a gated tier (lighthouse_addr gate://) needs the tier key: the broker hands it to admitted sites")
         if not self.site_id:
             raise ValueError("TierConfig.site_id must not be empty")
         if self.round_ms < 50:
@@ -102,9 +124,15 @@ class TierConfig:
             return None
         kw = dict(lighthouse_addr=msg.lighthouse_addr, site_id=site_id,
                   round_ms=msg.round_ms or 1000, round_epoch_ms=msg.round_epoch_ms,
-                  heartbeat_timeout_ms=msg.heartbeat_timeout_ms or 400)
+                  heartbeat_timeout_ms=msg.heartbeat_timeout_ms or 400, tier_key=bytes(msg.tier_key),
+                  tier_epoch=msg.tier_epoch)
         kw.update(overrides)
         return cls(**kw)
+
+    @property
+    def gated(self) -> bool:
+        """Every tier service of this site answers only through a gate (agent.crosssite.gate)."""
+        return self.lighthouse_addr.startswith("gate://")
 
     @property
     def round_s(self) -> float:
@@ -166,6 +194,8 @@ class RoundRecord:
     committed_total: int     # global committed tokens after this round
     loss: float
     checksum: str            # of the global weights after the round
+    dropped_own: bool = False   # this site's weights were not fit to send (non-finite, beyond the delta bound)
+    refused: str = ""           # why the reduced sum, or the step it gave, was refused ("" = it was not)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -200,6 +230,8 @@ class _Exchange:
     fednova: bool = False
     committed: bool = False
     healed: bool = False
+    dropped_own: bool = False
+    refused: str = ""
     t_quorum: float = 0.0
     t_done: float = 0.0
     error: BaseException | None = None
@@ -211,6 +243,99 @@ def preload() -> None:
     in the middle of its first leases, where on a CPU-only site it would be executed beyond them."""
     import torchft.manager  # noqa: F401
     import torchft.process_group  # noqa: F401
+
+
+_BIND_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _manager_bound_to(host: str, on_bound: Callable[[int], None] | None = None):
+    """torchft's Manager binds its ManagerServer (quorum, checkpoint metadata, and an unauthenticated Kill)
+    to every interface ("[::]:port", fixed in Manager.__init__); its server is created with the configured
+    interface instead, so only what can reach that interface can reach it. `on_bound(port)` learns the port.
+    The Manager's client of its own store resolves a gated site's advertised name (agent.crosssite.gate)."""
+    import torchft.manager as tfm
+
+    from agent.crosssite import gate
+
+    real_server, real_store = tfm.ManagerServer, tfm.TCPStore
+
+    def bound(*args, bind: str, **kwargs):
+        srv = real_server(*args, bind=f"{host}:{bind.rsplit(':', 1)[1]}", **kwargs)
+        if on_bound is not None:
+            on_bound(int(srv.address().rsplit(":", 1)[1]))
+        return srv
+
+    def store(host_name: str, port: int, *args, **kwargs):
+        h, p = gate.connect_address(host_name, port, "store")
+        return real_store(h, p, *args, **kwargs)
+    with _BIND_LOCK:
+        tfm.ManagerServer, tfm.TCPStore = bound, store
+        try:
+            yield
+        finally:
+            tfm.ManagerServer, tfm.TCPStore = real_server, real_store
+
+
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _install_gated_clients() -> None:
+    """torchft's Manager dials a ManagerServer by the address the quorum names (its own, and a heal source's):
+    through agent.crosssite.gate's resolver, which passes an ungated address unchanged. Once per process."""
+    import torchft.manager as tfm
+
+    from agent.crosssite import gate
+
+    with _CLIENTS_LOCK:
+        if getattr(tfm.ManagerClient, "weaver_gated", False):
+            return
+        real = tfm.ManagerClient
+
+        def client(addr: str, *args, **kwargs):
+            u = urllib.parse.urlsplit(addr)
+            if u.hostname and u.port and gate.parse_advertised(u.hostname):
+                h, p = gate.connect_address(u.hostname, u.port, "manager")
+                addr = f"http://{h}:{p}"
+            return real(addr, *args, **kwargs)
+        client.weaver_gated = True
+        tfm.ManagerClient = client
+
+
+_GLOO_LOCK = threading.Lock()
+
+
+def _gloo(timeout: timedelta, host: str):
+    """torchft's gloo process group: its rendezvous (the quorum's store address) goes through the gate's
+    resolver, and its pairwise connections listen on the tier's interface only (gloo's default device
+    listens on whatever the machine's hostname resolves to)."""
+    import torchft.process_group as tpg
+
+    from agent.crosssite import gate
+
+    class GatedGloo(tpg.ProcessGroupGloo):
+        def configure(self, store_addr: str, *args, **kwargs):
+            addr, _, prefix = store_addr.partition("/")
+            h, _, port = addr.rpartition(":")
+            h, p = gate.connect_address(h.strip("[]"), int(port), "store")
+            return super().configure(f"{h}:{p}/{prefix}", *args, **kwargs)
+
+        def _create_pg(self, store, rank: int, world_size: int):
+            real = tpg.BaseProcessGroupGloo
+
+            def on_host(store, rank, size, timeout):
+                opts = real._Options()
+                opts._timeout = timeout
+                opts._devices = [real.create_device(hostname=host)]
+                return real(store, rank, size, opts)
+            on_host.create_device = real.create_device
+            with _GLOO_LOCK:
+                tpg.BaseProcessGroupGloo = on_host
+                try:
+                    return super()._create_pg(store, rank, world_size)
+                finally:
+                    tpg.BaseProcessGroupGloo = real
+    return GatedGloo(timeout=timeout)
 
 
 class CrossSiteTier:
@@ -251,33 +376,77 @@ class CrossSiteTier:
         self.next_round, self.window_start = config.work_deadline(self.clock())
         self.manager = None
         self._store = None
+        self.gate = None           # agent.crosssite.gate, in a gated tier: this site's one tier listener
+        self.egress = None         # ... and its way out to the peers' gates
+        self.advertised = ""
+        self.dropped_contributions = 0    # rounds this site sat out: its own weights were not fit to send
+        self.refused_rounds = 0           # rounds whose reduced sum, or the step it gave, was refused
         if self.reducer.leader:
             self._start_manager()
 
     def _start_manager(self) -> None:
         from torchft.manager import Manager
-        from torchft.process_group import ProcessGroupGloo
+
+        from agent.crosssite import gate
+        from agent.crosssite.transport import SignedStateTransport, StateCheck
 
         c = self.config
-        self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=timedelta(seconds=c.timeout_s)),
-            load_state_dict=self._load_state_dict, state_dict=self._state_dict,
-            min_replica_size=1, use_async_quorum=False,
-            timeout=timedelta(seconds=c.timeout_s), quorum_timeout=timedelta(seconds=c.quorum_timeout_s),
-            connect_timeout=timedelta(seconds=c.timeout_s), rank=0, world_size=1,
-            store_addr="127.0.0.1", store_port=self._store.port, lighthouse_addr=c.lighthouse_addr,
-            replica_id=c.site_id, hostname="127.0.0.1",
-            heartbeat_interval=timedelta(milliseconds=max(10, min(100, c.heartbeat_timeout_ms // 4))),
-            init_sync=True)
+        # no key from the broker (an older one): a key of its own, so this site heals from no one, rather than
+        # from anyone; nothing a peer serves is ever unpickled (torchft's default transport would)
+        key = c.tier_key or os.urandom(32)
+        check = StateCheck(template=lambda: {"user": {"default": self._state_dict()},
+                                             "torchft": {"step": 0, "batches_committed": 0}},
+                           max_weight_norm=c.max_weight_norm, round_ms=c.round_ms, round_epoch_ms=c.round_epoch_ms,
+                           clock=self.clock)
+        # gated: every service binds loopback, the gate is the site's one listener on the tier's interface, and
+        # the site names its services by the gate (the quorum carries that name to peers)
+        inner, advertised, lighthouse = c.bind_host, c.bind_host, c.lighthouse_addr
+        if c.gated:
+            inner = "127.0.0.1"
+            self.gate = gate.GateServer(c.bind_host, 0, lambda e: key if e == c.tier_epoch else None,
+                                        name=f"gate:{c.site_id}").start()
+            advertised = gate.advertise(c.bind_host, self.gate.port)
+            self.egress = gate.Egress(key, c.tier_epoch, c.site_id)
+            gate.register_egress(self.egress)
+            u = urllib.parse.urlsplit(c.lighthouse_addr)
+            lighthouse = f"http://127.0.0.1:{self.egress.port_for(u.hostname, u.port, 'lighthouse')}"
+            _install_gated_clients()
+        self.advertised = advertised
+
+        def serve(service: str, port: int) -> None:
+            if self.gate is not None:
+                gate.register_local(advertised, service, port)
+                self.gate.set_service(service, port)
+        self.transport = SignedStateTransport(key, check, host=inner, advertise=advertised)
+        serve("state", int(self.transport.address.rsplit(":", 1)[1]))
+        # the site's own store (torchft's rendezvous): c10d binds a store to every interface unless handed a
+        # socket, so it gets one on the configured interface
+        sock = socket.create_server((inner, 0), backlog=64)
+        self._store = TCPStore(inner, sock.getsockname()[1], is_master=True, wait_for_workers=False,
+                               master_listen_fd=sock.fileno())
+        sock.detach()    # the store owns the descriptor now
+        serve("store", self._store.port)
+        with _manager_bound_to(inner, lambda port: serve("manager", port)):
+            self.manager = Manager(
+                checkpoint_transport=self.transport,
+                pg=_gloo(timedelta(seconds=c.timeout_s), c.bind_host),
+                load_state_dict=self._load_state_dict, state_dict=self._state_dict,
+                min_replica_size=1, use_async_quorum=False,
+                timeout=timedelta(seconds=c.timeout_s), quorum_timeout=timedelta(seconds=c.quorum_timeout_s),
+                connect_timeout=timedelta(seconds=c.timeout_s), rank=0, world_size=1,
+                store_addr=advertised, store_port=self._store.port, lighthouse_addr=lighthouse,
+                replica_id=c.site_id, hostname=advertised,
+                heartbeat_interval=timedelta(milliseconds=max(10, min(100, c.heartbeat_timeout_ms // 4))),
+                init_sync=True)
 
     # -- healing: a joiner receives exactly the global state, never a peer's half-trained weights --
     def _state_dict(self) -> dict:
-        return {"global": self.global_flat, "outer": self.outer.state_dict(), "ledger": self.ledger.state_dict()}
+        return {"global": self.global_flat, "outer": self.outer.heal_state(), "ledger": self.ledger.state_dict()}
 
     def _load_state_dict(self, state: dict) -> None:
+        # validated before it gets here (transport.StateCheck: names, shapes, dtypes, finite, bounds)
         self.global_flat.copy_(state["global"])
-        self.outer.load_state_dict(state["outer"])
+        self.outer.load_heal_state(state["outer"])
         self.ledger.load_state_dict(state["ledger"])
         self._healed = True
 
@@ -344,7 +513,8 @@ class CrossSiteTier:
             bytes_sent=self.wire_bytes if self.reducer.leader else 0, wall_ms=(t_end - snap.taken_at) * 1000,
             idle_ms=0.0, work_ms=(snap.taken_at - self._last_snapshot_at) * 1000,
             quorum_ms=(ex.t_quorum - snap.taken_at) * 1000, wait_ms=(ex.t_done - ex.t_quorum) * 1000,
-            committed_total=self.ledger.committed_total, loss=snap.work.loss, checksum=checksum(self.global_flat))
+            committed_total=self.ledger.committed_total, loss=snap.work.loss, checksum=checksum(self.global_flat),
+            dropped_own=ex.dropped_own, refused=ex.refused)
         self._last_snapshot_at = snap.taken_at
         if self.on_round is not None:
             self.on_round(rec)
@@ -400,7 +570,11 @@ class CrossSiteTier:
         ex.t_quorum = self.clock()
         # Work based on other weights than the healed global ones is no delta of them: it contributes
         # nothing, and a round already broken (a peer died during the quorum) is not worth sending.
-        work = LocalWork(0, 0) if healed or head[4] else snap.work
+        own_ok = contribution_ok(self.global_flat, snap.local_flat, self.config.max_delta_norm)
+        if not own_ok:
+            self.dropped_contributions += 1
+        work = LocalWork(0, 0) if healed or head[4] or not own_ok else snap.work
+        ex.dropped_own = not own_ok
 
         stats_t = red.reduce_stats(stats_tensor(work))
         ex.site_tokens = int(stats_t[0]) if red.leader else work.tokens   # the site's, not one worker's
@@ -422,9 +596,19 @@ class CrossSiteTier:
             committed = self.manager.should_commit() and not errored
             if committed:
                 g = outer_gradient(wire.to(torch.float32), stats, fednova)
-                if g is not None:
+                if g is not None and not gradient_ok(g, self.config.max_delta_norm, fednova):
+                    committed, ex.refused = False, "sum beyond what its contributions allow"
+                elif g is not None:
+                    before = (self.global_flat.clone(), self.outer.heal_state(copy=True))
                     self.outer.step(g)
-            else:
+                    if not (torch.isfinite(self.global_flat).all()
+                            and float(self.global_flat.double().norm()) <= self.config.max_weight_norm):
+                        self.global_flat.copy_(before[0])          # the global model never leaves its bound
+                        self.outer.load_heal_state(before[1])
+                        committed, ex.refused = False, "the global weights would leave their bound"
+                if ex.refused:
+                    self.refused_rounds += 1
+            if not committed:
                 self.wan_feedback.rollback()
             verdict[0] = float(committed)
         red.broadcast(verdict)
@@ -437,10 +621,17 @@ class CrossSiteTier:
         ex.stats, ex.fednova, ex.committed = stats, fednova, committed
 
     def close(self) -> None:
+        from agent.crosssite import gate
+
         if self.manager is not None:
             self.manager.shutdown(wait=False)
             self.manager = None
         self._store = None
+        if self.gate is not None:
+            self.gate.stop()
+            self.egress.close()
+            gate.unregister(self.advertised, self.egress)
+            self.gate = self.egress = None
 
 
 def lease_stream_callbacks(client) -> tuple[Callable[[TransferPlan], None], Callable[[RoundRecord], None]]:

@@ -13,11 +13,15 @@ class AnnounceError(RuntimeError):
 
 
 def announce(url: str, *, site_id: str, round: int, nbytes: int, earliest_start_unix_ms: float,
-             deadline_unix_ms: float, destination: str = "cloud", timeout_s: float = 2.0) -> dict:
+             deadline_unix_ms: float, destination: str = "cloud", timeout_s: float = 2.0,
+             token: str | None = None) -> dict:
+    """`token`: the site's broker credential (`weaver-xapp site-token SITE`), required by an xApp with a
+    broker secret: a site announces its own aggregates only."""
     body = json.dumps({"site_id": site_id, "round": round, "bytes": nbytes,
                        "earliest_start_unix_ms": earliest_start_unix_ms, "deadline_unix_ms": deadline_unix_ms,
                        "destination": destination}).encode()
-    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    req = urllib.request.Request(url, data=body, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return json.loads(resp.read())

@@ -21,6 +21,7 @@ from google.protobuf.json_format import MessageToJson
 from agent.config import LeaseClientConfig, tiny_cpu
 from agent.monitors import cpu_facts
 from agent.site_agent import SiteAgent
+from schemas.credential import parse_proof, proof_mac
 from tests.agent.broker import ScriptedBroker, wait_for
 
 TOKEN = "cred-3f1a9c0e5b7d24688e1f0a6c4b2d9e71-site-0"
@@ -55,7 +56,10 @@ def test_checkpoints_hold_no_credential_and_are_private(tmp_path, umask_022, cap
         assert not thread.is_alive()
     finally:
         broker.stop()
-    assert [r.token for r in broker.registers][:1] == [TOKEN], "the Register carried the credential"
+    first = broker.registers[0]     # it proved the credential (schemas.credential) without sending it
+    p = parse_proof(first.token)
+    assert TOKEN not in first.token and p is not None
+    assert p.mac == proof_mac(TOKEN, first.site_id, first.agent_id, p), "the Register carried a proof of it"
 
     files = sorted(ckpt.glob("ckpt-*.pt"))
     assert files, "the shutdown checkpoint was written"

@@ -121,7 +121,8 @@ def run(tmp_path_factory):
 
     with Lighthouse(LighthouseConfig.for_rounds(ROUND_MS)) as lh:
         cs = lease_pb2.CrossSiteConfig(lighthouse_addr=lh.addr, round_ms=ROUND_MS,
-                                       round_epoch_ms=int(time.time() * 1000), heartbeat_timeout_ms=600)
+                                       round_epoch_ms=int(time.time() * 1000), heartbeat_timeout_ms=600,
+                                       tier_key=b"t" * 32)   # as the broker hands it to admitted sites
         broker = RoundBroker(cs, _duty)
         t0 = time.monotonic()
         start("s0", "s0", RUN_S)

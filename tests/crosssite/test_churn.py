@@ -51,6 +51,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+TIER_KEY = "77" * 32   # the tier's key, as a broker would hand it to admitted sites
+
+
 class Sites:
     def __init__(self, python: Path, root: Path, tmp: Path, lighthouse: str, epoch_ms: int):
         self.python, self.root, self.tmp, self.lighthouse, self.epoch_ms = python, root, tmp, lighthouse, epoch_ms
@@ -68,7 +71,7 @@ class Sites:
              "--heartbeat-timeout-ms", str(HEARTBEAT_MS), "--duty", duty, "--rounds", "0",
              "--data-seed", str(seed), "--timeout-s", "3", "--compression", "bf16", "--log", str(log), *workers],
             cwd=self.root, stdout=subprocess.DEVNULL, stderr=open(self.tmp / f"{log_name}.err", "w"),
-            env={**os.environ, "OMP_NUM_THREADS": "1"})
+            env={**os.environ, "OMP_NUM_THREADS": "1", "WEAVER_TIER_KEY": TIER_KEY})
         return log
 
     def stop_all(self) -> None:

@@ -97,7 +97,7 @@ def test_a_joiner_that_healed_restarts_from_the_healed_weights_and_contributes_n
             self.tier = None
 
         def start_quorum(self):
-            opt = self.tier.outer.state_dict()
+            opt = self.tier.outer.heal_state()
             self.tier._load_state_dict({"global": healthy, "outer": opt,
                                         "ledger": {"committed_rounds": 4, "committed_total": 1000}})
     mgr = Healing()
@@ -167,3 +167,73 @@ def test_a_revocation_while_a_round_is_in_flight_is_released_at_once(tmp_path, m
     assert [(lid, reason) for lid, reason, *_ in sent] == [("L1", "revoked")]
     assert agent.enforcer.lease is None
     agent._close_tier()
+
+
+def test_a_site_with_non_finite_weights_sits_the_round_out_and_the_global_model_stays_finite(monkeypatch):
+    """Issue 26 item 3: before, one NaN round's contribution went into the sum (the global model NaN, every site
+    out of the tier); now the site contributes nothing, counted, and the round commits on what is left."""
+    _solo(monkeypatch)
+    trainer = _trainer()
+    tier = CrossSiteTier(trainer.model, TierConfig("http://127.0.0.1:1", "s0", round_ms=1000))
+    before = tier.global_flat.clone()
+    work = _train(trainer, 1)
+    with torch.no_grad():
+        next(trainer.model.parameters()).view(-1)[0] = float("nan")
+    tier.begin(work)
+    rec = _wait_landed(tier)
+    assert rec.dropped_own and tier.dropped_contributions == 1 and rec.tokens == 0
+    assert torch.isfinite(tier.global_flat).all()
+    torch.testing.assert_close(tier.global_flat, before)       # nothing was contributed, nothing moved
+
+
+@pytest.mark.parametrize("scale, why", [(float("inf"), "sum beyond"), (1e6, "sum beyond")])
+def test_a_reduced_sum_beyond_what_contributions_allow_commits_nowhere(monkeypatch, scale, why):
+    class Inflating(SoloManager):        # a peer that adds far more than it could have trained
+        def allreduce(self, t, reduce_op):
+            if t.numel() > 64:
+                t.mul_(scale)
+            return super().allreduce(t, reduce_op)
+    _solo(monkeypatch, Inflating())
+    trainer = _trainer()
+    tier = CrossSiteTier(trainer.model, TierConfig("http://127.0.0.1:1", "s0", round_ms=1000, max_delta_norm=50.0))
+    before = tier.global_flat.clone()
+    tier.begin(_train(trainer, 1))
+    rec = _wait_landed(tier)
+    assert not rec.committed and why in rec.refused and tier.refused_rounds == 1
+    torch.testing.assert_close(tier.global_flat, before)
+    assert tier.ledger.committed_total == 0
+
+
+def test_a_step_that_would_take_the_global_model_beyond_its_bound_is_undone(monkeypatch):
+    _solo(monkeypatch)
+    trainer = _trainer()
+    norm = float(flatten(trainer.model.parameters()).norm())
+    tier = CrossSiteTier(trainer.model, TierConfig("http://127.0.0.1:1", "s0", round_ms=1000,
+                                                   max_weight_norm=norm * 1.000001))
+    before = tier.global_flat.clone()
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.mul_(1.5)                       # a legitimate-looking delta whose step points outwards
+    tier.begin(LocalWork(100, 1, 1.0))
+    rec = _wait_landed(tier)
+    assert not rec.committed and "bound" in rec.refused
+    torch.testing.assert_close(tier.global_flat, before)
+    assert not tier.outer.heal_state()["has_momentum"]          # the step's momentum went with it
+
+
+def test_an_undone_step_leaves_the_outer_momentum_as_it_was(monkeypatch):
+    _solo(monkeypatch)
+    trainer = _trainer()
+    tier = CrossSiteTier(trainer.model, TierConfig("http://127.0.0.1:1", "s0", round_ms=1000))
+    tier.begin(_train(trainer, 1))
+    assert _wait_landed(tier).committed                           # a momentum buffer now exists
+    momentum, weights = tier.outer.heal_state(copy=True)["momentum"], tier.global_flat.clone()
+    tier.config = replace(tier.config, max_weight_norm=float(weights.norm()) * 1.000001)
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.copy_(p * 1.5)
+    tier.begin(LocalWork(100, 1, 1.0))
+    rec = _wait_landed(tier)
+    assert not rec.committed and "bound" in rec.refused
+    torch.testing.assert_close(tier.global_flat, weights)
+    torch.testing.assert_close(tier.outer.heal_state()["momentum"], momentum)

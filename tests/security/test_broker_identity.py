@@ -16,12 +16,14 @@ import hashlib
 import hmac
 import json
 import os
+import time
 from pathlib import Path
 
 import aiohttp
 import grpc
 import pytest
 
+from schemas.credential import make_proof
 from schemas.proto.weaver.v1 import lease_pb2
 from testbed.tcpproxy import TcpProxy
 from xapp.agents import AgentBook
@@ -47,9 +49,15 @@ def make_cfg(token_env=None):
                    "agent_timeout_heartbeats": 3}})
 
 
-def register(site="s1", token="", agent="agent-1"):
+def proof(credential: str, site: str, agent: str = "agent-1") -> str:
+    """What an agent registers with (schemas.credential): a one-time proof of its credential, made now."""
+    return make_proof(credential, site, agent, int(time.time() * 1000))
+
+
+def register(site="s1", token="", agent="agent-1", raw=False):
+    """`token`: the credential the agent holds (sent as a fresh proof of it); `raw`: sent as it is."""
     return lease_pb2.AgentMessage(register=lease_pb2.Register(
-        site_id=site, agent_id=agent, token=token, mode="gpu",
+        site_id=site, agent_id=agent, token=token if raw or not token else proof(token, site, agent), mode="gpu",
         device=lease_pb2.DeviceFacts(kind="cuda", name="H200", sm_count=128, granularity=8))).SerializeToString()
 
 
@@ -123,7 +131,8 @@ def test_a_site_credential_registers_only_its_own_site(monkeypatch):
         out = {}
         for name, first, md in (
                 ("s1 credential for s2", register("s2", s1), None),
-                ("s1 credential for s2, metadata", register("s2"), (("authorization", f"Bearer {s1}"),)),
+                ("s1 credential for s2, metadata", register("s2"), (("authorization", f"Bearer {proof(s1, 's2')}"),)),
+                ("s1 credential itself, not a proof", register("s1", s1, raw=True), None),
                 ("the secret itself", register("s1", SECRET), None),
                 ("no credential", register("s1"), None),
                 ("unknown site", register("nowhere", s1), None)):
@@ -138,7 +147,7 @@ def test_a_site_credential_registers_only_its_own_site(monkeypatch):
     for name, (code, details) in out.items():
         assert code == grpc.StatusCode.UNAUTHENTICATED and "token" in details, name
         assert "known" not in details, name     # an unauthenticated peer is not told the site list
-    assert refused == {"unauthenticated": 5}
+    assert refused == {"unauthenticated": 6}
 
 
 def test_a_live_site_session_is_not_taken_over():
@@ -286,7 +295,11 @@ def test_site_token_prints_a_sites_credential_from_the_secret_in_the_environment
                               cwd=ROOT, env=env, timeout=60)
 
     ok = run_cli(site, "--config", cfg)
-    assert ok.returncode == 0 and ok.stdout.strip() == site_credential(SECRET, site)
+    expiry, _, mac = ok.stdout.strip().partition(".")
+    assert ok.returncode == 0 and 29 * 86400 < int(expiry) - time.time() <= 30 * 86400   # 30 days by default
+    assert mac == hmac.new(SECRET.encode(), f"{site}|{expiry}".encode(), hashlib.sha256).hexdigest()
+    forever = run_cli(site, "--config", cfg, "--valid-days", "0")
+    assert forever.stdout.strip() == site_credential(SECRET, site)
     unknown = run_cli("no-such-site", "--config", cfg)
     assert unknown.returncode == 2 and "unknown site" in unknown.stderr
     missing = run_cli(site, "--config", cfg, secret="")

@@ -154,3 +154,50 @@ def test_a_forecast_is_never_below_the_measured_peak():
     assert grants[0] <= 128 - 104 and grants[1] <= 128 - 104, grants
     assert grants[-1] == 128 - 24, grants                  # a quiet RAN (peak 20): one step above it
     assert st.sites["s1"].safety.basis() == "forecast"
+
+
+# issue 26 item 5: what a config PUT may not change at all, and what it may change only on the operator's word
+START_UP = [({"broker": {"token_env": None}}, "broker.token_env"),
+            ({"broker": {"token_env": "HOME"}}, "broker.token_env"),          # a known variable: a known secret
+            ({"rest": {"config_token_env": "PATH"}}, "rest.config_token_env"),
+            ({"rest": {"host": "10.9.9.9"}}, "rest.host")]
+LOOSER = [({"lease_valid_periods": 20}, "lease_valid_periods"), ({"stale_periods": 20}, "stale_periods"),
+          ({"broker": {"agent_timeout_heartbeats": 60}}, "broker.agent_timeout_heartbeats"),
+          ({"policy": {"guard_sms": 8}}, "policy.guard_sms")]          # from the 16 the run started with
+
+
+def test_auth_is_start_up_only_and_loosening_needs_the_operators_flag(no_dbaas, tmp_path, caplog):
+    async def main(allow: bool):
+        base_controls = controls(policy={"guard_sms": 16})
+        x = XappApp(XappConfig.from_controls(base_controls), allow_live_loosening=allow)
+        await x.start(rest_port=0, broker_listen="127.0.0.1:0", rmr_port=0)
+        url = f"http://127.0.0.1:{x.rest_port}/api/v1/config"
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        out = {}
+        try:
+            async with aiohttp.ClientSession() as s:
+                for change, field in START_UP + LOOSER:
+                    before = x.cfg
+                    sections = {k: ({**base_controls[k], **v} if isinstance(v, dict) else v) for k, v in change.items()}
+                    async with s.put(url, json={"controls": {**base_controls, **sections}}, headers=auth) as r:
+                        out[field, str(change)] = (r.status, (await r.json()).get("error", ""))
+                    if r.status == 200:
+                        x.apply_config(before)    # back to the start, so each change is judged on its own
+        finally:
+            await x.stop()
+        return out
+
+    caplog.set_level(logging.WARNING, logger="weaver.xapp")
+    refused = asyncio.run(main(allow=False))
+    for change, field in START_UP:
+        status, why = refused[field, str(change)]
+        assert status == 409 and f"controls.{field}" in why and "start-up settings" in why, (field, status, why)
+    for change, field in LOOSER:
+        status, why = refused[field, str(change)]
+        assert status == 409 and f"controls.{field}" in why and "--allow-live-loosening" in why, (field, status, why)
+    allowed = asyncio.run(main(allow=True))
+    for change, field in START_UP:                     # the flag never opens authentication
+        assert allowed[field, str(change)][0] == 409
+    for change, field in LOOSER:
+        assert allowed[field, str(change)][0] == 200, (field, allowed[field, str(change)])
+        assert f"config loosened live (--allow-live-loosening): controls.{field}" in caplog.text

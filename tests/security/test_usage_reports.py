@@ -162,6 +162,30 @@ def test_a_cpu_agent_is_bounded_in_its_own_cores():
     assert used == 400.0 * 128 / 4 and refused == {"usage-exceeds-lease": 1}
 
 
+def test_what_an_agent_declares_cannot_scale_its_usage_beyond_the_lease():
+    """Issue 26 item 5: a stand-in that registers 0.01 cores scales each core·ms to 128 / 0.01 site SM·ms; before,
+    200 such reports put 42 M SM·s in a site's ledger. The bound is the broker's own record of the lease, in site
+    SM·ms: per report its SMs over the window, per lease its SMs over its whole life (x (1 + tolerance))."""
+    async def body(broker, ch, wall):
+        a = Agent(ch, lease_pb2.AgentMessage(register=lease_pb2.Register(
+            site_id="s1", agent_id="agent-1", mode="gpu", device=lease_pb2.DeviceFacts(
+                kind="cpu", name="dev", sm_count=1, granularity=1, cores=0.01))).SerializeToString())
+        await a.until("revoke")
+        lease = broker.grant("s1", 64, "weaver").lease
+        await a.until("lease")
+        a.q.put_nowait(usage(lease.lease_id, 2.0))                 # 2 core·ms = 25,600 SM·ms: above one period's
+        for _ in range(200):
+            a.q.put_nowait(usage(lease.lease_id, 1.0))             # 12,800 SM·ms each: the lease's life holds 3
+        await a.sync()
+        a.q.put_nowait(None)
+        return broker.book.used_sm_ms.get("s1", 0.0), dict(broker.refused_usage), lease
+
+    used, refused, lease = run(body)
+    life = lease.sm_count * lease.valid_for_ms * 2
+    assert used <= life and used == 3 * 12_800.0, used
+    assert refused == {"usage-exceeds-lease": 1 + 197}
+
+
 def test_non_finite_usage_ends_the_stream_and_is_counted():
     async def body(broker, ch, wall):
         a = Agent(ch)

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import time
 
 import grpc
 import pytest
 
+from schemas.credential import make_proof
 from schemas.proto.weaver.v1 import lease_pb2
 from xapp.agents import AgentBook, site_credential
 from xapp.broker import LeaseBroker
@@ -187,9 +190,13 @@ def test_bearer_token_in_message_or_metadata(monkeypatch):
             call.cancel()
             return w.welcome.site_id
 
-        ok1 = await one(register(token=cred).SerializeToString())
-        await wait_for(lambda: not broker.sessions)
-        ok2 = await one(register().SerializeToString(), md=(("authorization", f"Bearer {cred}"),))
+        ok1 = await one(register(token=make_proof(cred, "s1", "agent-1", int(time.time() * 1000))).SerializeToString())
+        # the broker lets that stream go when it sees the cancel; where it does not (gRPC did not surface it in
+        # about 1 run in 15 here, as a half-open connection would not), the next Register replaces the session once
+        # it is silent past the expiry (3 heartbeats of 100 ms): either way the next agent is welcomed
+        await asyncio.sleep(0.5)
+        md = (("authorization", f"Bearer {make_proof(cred, 's1', 'agent-1', int(time.time() * 1000))}"),)
+        ok2 = await one(register().SerializeToString(), md=md)
         return bad, none, ok1, ok2
 
     bad, none, ok1, ok2 = run(make_cfg(token_env="TEST_AGENT_TOKEN"), body)
@@ -339,4 +346,32 @@ def test_a_revoke_that_cannot_be_queued_closes_the_stream():
         broker.revoke("s1", "stale-kpm")
         assert "s1" not in broker.sessions               # not silently dropped: the stream is closed
 
+    run(make_cfg(), body)
+
+
+def test_a_silent_session_is_replaced_past_its_expiry_and_its_stream_closed():
+    """A stream the broker never saw end (a half-open connection, or a cancel gRPC did not surface) holds the site
+    only while it is heard from: a Register once it is silent past the expiry replaces it, revoking its lease."""
+    async def body(broker, call_raw, ledger):
+        async def silent():
+            yield register().SerializeToString()
+            await asyncio.sleep(30)                   # no heartbeat ever
+
+        a = call_raw(silent())
+        await a.read()
+        await a.read()
+        broker.grant("s1", 8, "weaver")
+        await a.read()
+        code, _ = await _expect_error(call_raw, [register().SerializeToString()])
+        assert code == grpc.StatusCode.ALREADY_EXISTS                     # still within its expiry
+        await asyncio.sleep(0.45)                                          # 3 heartbeats of 100 ms, and some
+        b = call_raw(silent())
+        assert (await b.read()).welcome.site_id == "s1"
+        rest = []
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            while (m := await a.read()) is not grpc.aio.EOF:
+                rest.append(m.WhichOneof("body"))
+        assert "s1" in broker.sessions and broker.revoked.get("agent-replaced") == 1, (rest, broker.revoked)
+        b.cancel()
+        a.cancel()
     run(make_cfg(), body)
