@@ -29,9 +29,11 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 from aiohttp import web
 from ricxappframe.xapp_sdl import SDLWrapper
 
+from schemas.announce import announce
 from testbed.e2node.config import KPM_VERSIONS, RC_TABLES, node_configs
 from testbed.e2node.measure import from_period_report
 from testbed.e2node.shell import NodeShell
@@ -255,7 +257,13 @@ def build_sim_api(sim: Simulation) -> web.Application:
             sites.append({"site": i, "meid": sim.nodes[i].meid, "gpu_sms": site.gpu_sms,
                           "envelope_sms": None if env == float("inf") else env,
                           "training_sms": float(m.training_sms[i]), "stopped": i in sim.stopped,
-                          "quota_percent": (m.quota[i] * 100).round(3).tolist()})
+                          "quota_percent": (m.quota[i] * 100).round(3).tolist(),
+                          # srsRAN-dialect controls: the UEs whose grants are limited (testbed.e2node.dialects)
+                          "ue_grant_limits": [{"cell": int(c), "slice": int(sl), "ue": int(m.limits_dl.tag[i, c, sl]),
+                                               "max_percent": round(float(m.limits_dl.cap[i, c, sl]) * 100, 3)}
+                                              for c, sl in zip(*np.nonzero(m.limits_dl.tag[i] >= 0), strict=True)],
+                          # oai-gnb-dialect controls: the NVS downlink slicer's reserved shares (null: not configured)
+                          "nvs_reserved": [None if v != v else float(v) for v in m.nvs_reserved[i]]})
         return web.json_response({"slot": int(m.slot), "now_s": sim.now_s, "periods": sim.periods,
                                   "period_s": sim.period_s, "scenario": m.scenario.name, "sites": sites})
 
@@ -312,6 +320,9 @@ E2 nodes (an E2 emulator third-party OSC xApps use unchanged; docs/emulator.md):
              ID table does it (--rc-table / --node SITE:rc=): srsran (srsRAN DU: top-level IDs in the
              table, an existing UE, min+max+dedicated present), oai-gnb (OAI gNB's positional parser,
              ASCII values), oai (FlexRIC IDs, nested layout); plus Weaver's envelope style 1000.
+             What an accepted quota changes is the node's dialect's (--node SITE:dialect=, default the
+             table's DU): srsran limits the grants of the one UE the header names; o-ran (the standard
+             text, the default of the oai table) and oai-gnb cap the slice on every cell.
   slices     --slices [SITE=]PROTECTED_SST:SD,BEST_EFFORT_SST:SD (default 2:1,1:1: URLLC SST 2/SD 1 and
              eMBB SST 1/SD 1, the slice the srsRAN and OAI example xApps control), or a --scenario-file.
 """
@@ -345,9 +356,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              '"nodes": {"1": "kpm=v4.00,rc=oai-gnb"}}')
     parser.add_argument("--rc-table", choices=RC_TABLES, default="srsran", help="RC parameter-ID table")
     parser.add_argument("--node", action="append", default=[], metavar="SITE:kpm=v2.03,rc=oai",
-                        help="per-node override of the KPM version, RC table, KPM profile and/or UEs per cell "
-                             "(profile=compute-aware|gpu|standard; standard: a stock gNB's 3GPP counters; "
-                             "ues=N) (repeatable)")
+                        help="per-node override of the KPM version, RC table, dialect, KPM profile and/or UEs "
+                             "per cell (dialect=srsran|oai-gnb|o-ran; profile=compute-aware|gpu|standard; standard: a "
+                             "stock gNB's 3GPP counters; ues=N; sub_ms=, control_ms=: answer delays) (repeatable)")
     parser.add_argument("--speed", type=float, default=1.0, help="x real time; 0 = as fast as possible")
     parser.add_argument("--route-dir", default=None, help="where to write xapp.rt (default: a temp dir)")
     parser.add_argument("--redis", default=None, metavar="HOST:PORT",
@@ -372,7 +383,9 @@ def _sdl_from(args) -> SDLWrapper:
 
 def parse_node_overrides(specs: list[str]) -> dict[int, dict]:
     """`["1:kpm=v2.03,rc=oai"]` -> {1: {"kpm_version": "v2.03", "rc_table": "oai"}}; ValueError if malformed."""
-    keys = {"kpm": "kpm_version", "rc": "rc_table", "profile": "kpm_profile", "ues": "ues_per_cell"}
+    keys = {"kpm": "kpm_version", "rc": "rc_table", "dialect": "dialect", "profile": "kpm_profile",
+            "ues": "ues_per_cell", "sub_ms": "subscription_delay_ms", "control_ms": "control_delay_ms"}
+    numbers = {"ues": int, "sub_ms": float, "control_ms": float}
     out: dict[int, dict] = {}
     for spec in specs:
         site, sep, rest = spec.partition(":")
@@ -382,8 +395,12 @@ def parse_node_overrides(specs: list[str]) -> dict[int, dict]:
         for item in filter(None, rest.split(",")):
             k, eq, v = item.partition("=")
             if not eq or k not in keys:
-                raise ValueError(f"--node {spec!r}: unknown setting {item!r} (kpm=..., rc=..., profile=..., ues=...)")
-            fields[keys[k]] = int(v) if k == "ues" else v
+                raise ValueError(f"--node {spec!r}: unknown setting {item!r} "
+                                 "(kpm=..., rc=..., dialect=..., profile=..., ues=..., sub_ms=..., control_ms=...)")
+            try:
+                fields[keys[k]] = numbers[k](v) if k in numbers else v
+            except ValueError:
+                raise ValueError(f"--node {spec!r}: {k} must be a number, got {v!r}") from None
     return out
 
 
@@ -454,10 +471,10 @@ async def _serve(args, route_dir: str) -> int:
     try:
         eps = {**sim.endpoints(), "sim-api": f"http://{args.host}:{api_port}/sim/v1"}
         for key, value in eps.items():
-            print(f"weaver-sim: {key} {value}", flush=True)
+            announce(f"weaver-sim: {key} {value}")
         if args.json:
             Path(args.json).write_text(json.dumps(eps, indent=2))
-        print("weaver-sim: ready", flush=True)
+        announce("weaver-sim: ready")
         injector = FaultInjector(faults, Targets(sim=sim), args.fault_at)
         injector.start()
         try:
@@ -465,7 +482,7 @@ async def _serve(args, route_dir: str) -> int:
         finally:
             await injector.close()
         for e in injector.timeline:
-            print(f"weaver-sim: fault {json.dumps(e)}", flush=True)
+            announce(f"weaver-sim: fault {json.dumps(e)}")
     finally:
         await api.cleanup()
         await sim.close()

@@ -10,7 +10,9 @@ on the same UEs, the same radio and the same learning code.
 
 The radio is shared: each round every available, idle UE trains for its device class's compute time,
 then uploads its real adapter delta (bytes of the encoded tensors) as best-effort uplink traffic in the
-testbed MAC (testbed.federated.uplink); mobility outages delay some. The learning (base LM, LoRA,
+testbed MAC (testbed.federated.uplink); mobility outages delay some. The same uploads' PRBs then go into the
+cells' uplink of the RAN model under the xApp's own loop (testbed.federated.rancost): the PRBs, RAN GPU
+and training lease they cost, beside the same run without them. The learning (base LM, LoRA,
 FedAvg) runs in the agent venv (agent.federated.worker) over a pipe; the REST API is the xApp's own
 (xapp.rest.build_app, only its announcement routes are used: no control loop runs here).
 Run: `weaver bench federated [--rounds 6] [--json F] [--plot F.png]`.
@@ -33,6 +35,7 @@ import numpy as np
 from testbed import scenarios
 from testbed.federated.learner import Learner
 from testbed.federated.population import Population, PopulationConfig
+from testbed.federated.rancost import ran_cost
 from testbed.federated.transport import (
     CircuitConfig,
     CircuitSwitch,
@@ -43,6 +46,7 @@ from testbed.federated.transport import (
     packet_flows,
 )
 from testbed.federated.uplink import Uplink
+from testbed.model.training import StepCostModel
 
 ARMS = ("optical", "packet", "always-on")
 
@@ -107,8 +111,9 @@ class _Rest:
         self.thread.join(5)
 
 
-def radio(cfg: BenchConfig, pop: Population, update_bytes: int) -> tuple[list[list[int]], dict]:
-    """Every round's participants and when each update (ue, round) reached its gNB (NaN: never)."""
+def radio(cfg: BenchConfig, pop: Population, update_bytes: int) -> tuple[list[list[int]], dict, Uplink]:
+    """Every round's participants, when each update (ue, round) reached its gNB (NaN: never), and the
+    uplink that carried them (its PRBs per slot and cell, for the RAN's side: testbed.federated.rancost)."""
     sc = scenarios.get("demo")
     up = Uplink(sc, pop.cell, pop.mcs_offset, cfg.seed)
     parts: list[list[int]] = []
@@ -132,7 +137,7 @@ def radio(cfg: BenchConfig, pop: Population, update_bytes: int) -> tuple[list[li
     up.advance_to((cfg.rounds + 1) * cfg.round_s)  # late uploads of the last round may still land
     for i, r in last.items():
         arrival[(i, r)] = up.finish_s(i)
-    return parts, arrival
+    return parts, arrival, up
 
 
 def events(cfg: BenchConfig, parts, arrival: dict, where: dict[int, str], cutoff) -> tuple[dict, dict]:
@@ -182,7 +187,13 @@ def run_bench(cfg: BenchConfig, agent_python, root, log=print) -> dict:
             raise RuntimeError("the two learning workers built different base models from one seed")
         log(f"federated: {M} UEs, adapter {info['adapter_params']} parameters, update {info['update_bytes']} B "
             f"({cfg.compression}), base {info['base_params']} parameters, val loss {info['val_loss']:.3f}")
-        parts, arrival = radio(cfg, pop, info["update_bytes"])
+        parts, arrival, uplink = radio(cfg, pop, info["update_bytes"])
+        # what the same uploads cost the RAN, under the xApp's loop: their PRBs, decode, the lease they displace
+        ran = ran_cost(scenarios.get("demo"), cfg.seed, uplink.carried_prbs, StepCostModel())
+        ran["updates_bytes_carried"] = uplink.carried_bytes
+        log(f"federated: the updates took {ran['updates_prbs_per_u_slot_mean']:.2f} uplink PRBs per U slot and cell "
+            f"({100 * ran['updates_share_of_ul_prbs']:.2f} % of the cells' uplink PRBs), {ran['updates_ran_gpu_sm_s']:.2f} "
+            f"SM-s of RAN GPU, displaced {ran['training_lease_displaced_sm_s']:.1f} SM-s of training lease")
         ccfg = CircuitConfig(n_circuits=cfg.circuits, gbps=cfg.circuit_gbps, reconfig_s=cfg.reconfig_s,
                              propagation_s=cfg.propagation_s)
         gnb_ev, gnb_close = events(cfg, parts, arrival, site_name,
@@ -197,7 +208,7 @@ def run_bench(cfg: BenchConfig, agent_python, root, log=print) -> dict:
         out = {"config": asdict(cfg), "learning": {k: v for k, v in info.items() if k not in ("samples", "ok")},
                "participants_per_round": [len(p) for p in parts],
                "participants_per_site_mean": float(np.mean([len(p) for p in parts]) / pcfg.n_sites),
-               "updates_reaching_gnb": len(flows), "arms": {}}
+               "updates_reaching_gnb": len(flows), "ran_cost": ran, "arms": {}}
 
         def arms(names):
             lr = learners["packet" if names == ("packet",) else "gnb"]
@@ -345,6 +356,23 @@ def print_table(out: dict) -> None:
               f"{r['deadlines_missed_by_transport']} | {r['val_loss_start']:.3f} -> {r['val_loss_end']:.3f} |")
 
 
+def print_ran_cost(rc: dict) -> None:
+    """The RAN's side of the updates: the same xApp loop and RAN model, with and without them."""
+    print(f"\nthe updates in the RAN ({rc['scenario']}, {rc['periods']} periods of {rc['period_s'] * 1e3:g} ms, "
+          f"{rc['driver']}): {rc['updates_prbs_per_u_slot_mean']:.2f} uplink PRBs per U slot and cell "
+          f"(max {rc['updates_prbs_per_u_slot_max']:.0f}), {100 * rc['updates_share_of_ul_prbs']:.2f} % of the "
+          f"cells' uplink PRBs; decode {rc['updates_ran_gpu_sm_s']:.2f} SM-s of RAN GPU "
+          f"({rc['updates_decode_sm_s_from_bytes']:.2f} from bytes x PUSCH work per byte); training lease "
+          f"displaced {rc['training_lease_displaced_sm_s']:.1f} SM-s")
+    print("| run | uplink PRBs per U slot (KPM) | RAN GPU SM-s | mean envelope SMs | lease SM-s granted | "
+          "training-caused misses | RAN-alone misses |\n|---|---|---|---|---|---|---|")
+    for name, r in rc["runs"].items():
+        env = "-" if r["envelope_sms_mean"] is None else f"{r['envelope_sms_mean']:.1f}"
+        print(f"| {name} | {r['prb_used_ul_per_u_slot_mean']:.2f} | {r['ran_sm_s']:.1f} | {env} | "
+              f"{r['lease_sm_s_granted']:.1f} | {r['deadline_misses_attributable_to_training']} | "
+              f"{r['deadline_misses_ran_alone']} |")
+
+
 def plot(out: dict, path: str) -> None:
     """Top: one round's transfer window on the optical arm's circuits. Bottom: circuit occupancy per
     round (bytes on the wire / circuit time held in that round), optical vs always-on."""
@@ -432,6 +460,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"| {row['reconfig_s'] * 1e3:g} ms | {_pct(row['occupancy'])} | "
               f"{_pct(row['occupancy_incl_setup'])} | {row['round_completion_s_p99']:.3f} | "
               f"{row['fell_back_to_packet']} | {row['deadlines_missed_by_transport']} |")
+    print_ran_cost(out["ran_cost"])
     print(f"flows: packet / optical = {pkt['transport_flows'] / max(opt['transport_flows'], 1):.1f}x "
           f"(participating UEs per site per round: {out['participants_per_site_mean']:.1f}; updates that reached "
           f"their gNB: {out['updates_reaching_gnb']} of {pkt['updates_produced']}); seed {cfg.seed}; "

@@ -78,6 +78,13 @@ def site_name(i: int) -> str:
     return f"site-{i}"
 
 
+def bench_nodes(scenario):
+    """The benches' E2 nodes: srsRAN's ID table, and the standard text's dialect, so that a slice-quota control
+    caps the slice as the weaver-quota arm assumes (srsRAN's own DU would limit one UE's grants instead:
+    testbed.e2node.dialects.ue_grant_limit, which makes the arm's controls no shaping at all)."""
+    return node_configs(scenario, overrides={s.site_id: {"dialect": "o-ran"} for s in scenario.sites})
+
+
 def xapp_config(scenario, policy: str, knob: int | None = None, mode: str = "auto", quota=None) -> XappConfig:
     """The shipped descriptor's `controls` (as `weaver up` starts the xApp), with the scenario's sites and one
     arm's policy and knob. `mode`: the actuation mode (`quota` forces weaver's quota arm); `quota`: the
@@ -102,7 +109,7 @@ def xapp_config(scenario, policy: str, knob: int | None = None, mode: str = "aut
     # The descriptor's best-effort delay budget for the envelope (as `weaver up` runs it), not the slice's
     # whole end-to-end budget: the MAC's own queueing takes part of that (29.5 of 30 ms at p99 in
     # heavy-small-gpu), so a deferral allowed the whole of it blew the slice's budget.
-    nodes = node_configs(scenario)
+    nodes = bench_nodes(scenario)
     c["sites"] = [{
         "site_id": site_name(i), "gpu_sms": site.gpu_sms, "granularity": site.granularity,
         "nodes": [nodes[i].inventory_name],
@@ -170,7 +177,7 @@ class LiveLoop:
         self.state = new_state(cfg, 0.0)
         self.ingest = Ingest()
         self.ingest.set_limits(cfg.sites)
-        self.nodes = [E2Node(nc, ran) for nc in node_configs(scenario)]
+        self.nodes = [E2Node(nc, ran) for nc in bench_nodes(scenario)]
         self.by_meid = {n.config.inventory_name: n for n in self.nodes}
         self.site_ids = [s.site_id for s in cfg.sites]
         self.agents = frozenset(self.site_ids)

@@ -51,6 +51,7 @@ from testbed.bench.liveloop import (
 )
 from testbed.model import PhyCost, RanModel, Scenario, bytes_per_prb
 from testbed.model.ran import DELAY_BINS
+from testbed.model.traffic import TraceSource
 from testbed.model.training import StepCostModel
 from xapp.config import XappConfig
 from xapp.policy import QuotaCost, StaticPolicy, floor_to
@@ -78,6 +79,7 @@ class RunRecord:
     grants: np.ndarray | None = None  # (P, S) the live loop's lease for each period (shaped runs)
     trace: list | None = None  # [P] of (meid, RICindication bytes): what the nodes sent (unshaped runs)
     tally: LoopTally | None = None
+    prb_used_ul: np.ndarray | None = None  # (P, S, C) mean uplink PRBs per U slot, as the cells' KPM reports them
 
 
 def quota_cost(scenario: Scenario) -> QuotaCost:
@@ -91,12 +93,13 @@ def quota_cost(scenario: Scenario) -> QuotaCost:
 
 def simulate(scenario: Scenario, seed: int, n_periods: int, cfg: XappConfig | None = None, plot_periods: int = 20,
              progress=None, track_delay: bool = True, rtt_s: float = DEFAULT_RTT_MS / 1000.0,
-             record_trace: bool = False) -> RunRecord:
+             record_trace: bool = False, trace: TraceSource | None = None) -> RunRecord:
     """Run the RAN for n_periods. With `cfg`, the live loop (`testbed.bench.liveloop`) runs the xApp on it:
     the nodes' KPM in, its RC controls applied by the nodes, its grants recorded (the tick at the end of
     period p decides period p + 1). Without, the RAN runs unshaped; `record_trace` keeps the KPM bytes its
-    nodes send, for the unshaped arms to replay through the same loop."""
-    model = RanModel(scenario, seed, track_delay=track_delay)
+    nodes send, for the unshaped arms to replay through the same loop. `trace`: the traffic, in place of the
+    scenario's synthetic trace of `seed` (e.g. with federated uploads on top, testbed.federated.rancost)."""
+    model = RanModel(scenario, seed, trace=trace, track_delay=track_delay)
     S, T, D = scenario.n_sites, scenario.period_slots, scenario.period_s
     live = LiveLoop(cfg, scenario, model, rtt_s) if cfg is not None else \
         LiveLoop(xapp_config(scenario, "reactive"), scenario, model, rtt_s) if record_trace else None
@@ -105,7 +108,8 @@ def simulate(scenario: Scenario, seed: int, n_periods: int, cfg: XappConfig | No
     envs = np.zeros((n_periods, S))
     sized = np.zeros((n_periods, S))
     grants = np.zeros((n_periods, S), dtype=int)
-    trace = [] if record_trace else None
+    prb_ul = np.zeros((n_periods, S, scenario.n_cells))
+    kpm = [] if record_trace else None
     plot = []
     demand_sum = 0.0
     for p in range(n_periods):
@@ -113,14 +117,15 @@ def simulate(scenario: Scenario, seed: int, n_periods: int, cfg: XappConfig | No
         rep = model.step_period()
         demand[p] = np.minimum(np.ceil(rep.demand - 1e-9), 255)
         pmax[p] = rep.sm_max
+        prb_ul[p] = rep.prb_used_ul
         demand_sum += float(rep.demand.sum())
         if p < plot_periods:
             plot.append(rep.demand)
         now = (p + 1) * D
         if live is not None:
             inds = live.indications(rep, now)
-            if trace is not None:
-                trace.append(inds)
+            if kpm is not None:
+                kpm.append(inds)
             if cfg is not None:
                 live.tick(now, inds)
                 if p + 1 < n_periods:
@@ -152,8 +157,8 @@ def simulate(scenario: Scenario, seed: int, n_periods: int, cfg: XappConfig | No
                      delay_hist=model.delay_hist.copy(), served_bytes=model.served_bytes.copy(),
                      demand_sum=demand_sum + in_flight_work, controls=live.tally.controls if cfg is not None else 0,
                      in_flight_bytes=in_flight_bytes, plot=np.concatenate(plot) if plot else np.zeros((0, S)),
-                     sized=sized, grants=grants if cfg is not None else None, trace=trace,
-                     tally=live.tally if cfg is not None else None)
+                     sized=sized, grants=grants if cfg is not None else None, trace=kpm,
+                     tally=live.tally if cfg is not None else None, prb_used_ul=prb_ul)
 
 
 def weaver_grants(run: RunRecord, scenario: Scenario, guard: int) -> np.ndarray:

@@ -412,7 +412,7 @@ def run_one(name: str, args, log_out) -> dict:
             h.close()
     gpu = {f"site-{i}": float(s.gpu_sms) for i, s in enumerate(scenario_for(cfg).sites)}
     row = {"fault": name, "spec": spec or "", "wall_s": round(time.monotonic() - t0, 1),
-           "timeline": summary.get("faults", []), "run_dir": str(run_dir)}
+           "timeline": summary.get("faults", []), "run_dir": str(run_dir), "startup": summary.get("startup", {})}
     tl = row["timeline"]
     row["applied"] = all(e["applicable"] for e in tl) if tl else name == "none"
     row["note"] = "; ".join(e["note"] for e in tl if e.get("note"))
@@ -528,7 +528,11 @@ def run(args) -> int:
         print(f"weaver bench safety: {name} ...", flush=True)
         row = run_one(name, args, log_out)
         rows.append(row)
-        print(f"weaver bench safety: {name} done in {row['wall_s']:.0f}s: training misses (truth) "
+        up = row["startup"]
+        print(f"weaver bench safety: {name} done in {row['wall_s']:.0f}s (agents connected at "
+              f"{up.get('agents_connected_s', math.nan):.0f}s"
+              + (f", not: {', '.join(up['agents_not_connected'])}" if up.get("agents_not_connected") else "")
+              + "): training misses (truth) "
               f"{row['deadline_misses_attributable_to_training_after_probe']} "
               f"(+{row['deadline_misses_attributable_to_training_in_probe']} in the idle probe), beyond lease max "
               f"{row['sm_ms_beyond_lease_max']:.0f} SM·ms, to idle max "

@@ -18,7 +18,11 @@ Style 2 action 6 (slice-level PRB quota). Each ID table validates as the DU it e
   aborts) on any deviation; the emulated node answers control-message-invalid instead.
 - `oai`: OAI/FlexRIC numbering in the nested layout of the shared vector, which no public DU parses:
   Weaver's structural reading (`e2sm.rc.parse_prb_quota_control`), with no ratio relation either.
-The quota then goes to the RAN model (all three ratios, on every cell: Style 2 carries no cell), which
+What an accepted control changes is the DU's: on srsRAN the named UE's grant-size limits only
+(`dialects.ue_grant_limit`; the model caps that UE's share of its slice, `RanModel.set_ue_grant_limit`); on OAI's
+gNB the reservations of its NVS downlink slicer (`dialects.nvs_reserved`, `RanModel.set_nvs_reserved`); on the
+standard text's dialect the slice quotas, as below.
+The slice quota goes to the RAN model (all three ratios, on every cell: Style 2 carries no cell), which
 refuses what it cannot honour (ratios outside 0..100, min above max, min or dedicated summing over 100 %:
 control-message-invalid). A slice the site does not serve is control-failed-to-execute: the model's slices
 are its configuration (`weaver sim --slices`); OAI would add such a slice, srsRAN leaves it unscheduled.
@@ -32,7 +36,7 @@ import logging
 from e2sm import e2ap
 from e2sm.errors import E2DecodeError
 
-from . import functions, rules
+from . import dialects, functions, rules
 from .config import NodeConfig
 
 log = logging.getLogger("weaver.e2node.control")
@@ -78,9 +82,35 @@ def execute(node: NodeConfig, ran, header: bytes, message: bytes, stats) -> e2ap
         for q in quotas:
             if q.plmn != node.plmn and node.rc_table != "oai-gnb":  # OAI only matches UEs by PLMN, later
                 return _invalid(f"PLMN {q.plmn} is not this node's {node.plmn}", node)
-            if (q.sst, q.sd) not in served:
+            if (q.sst, q.sd) not in served and not dialects.adds_unserved_slices(node):
                 log.info("%s: quota for unknown slice sst %d sd %s", node.inventory_name, q.sst, q.sd)
                 return e2ap.Cause("ricRequest", "control-failed-to-execute")
+        limit = dialects.ue_grant_limit(node, hdr.ue_id, quotas)
+        if limit is not None:       # srsRAN: the named UE's grant sizes, nothing else in the cell
+            ue, fraction = limit
+            prbs = getattr(ran, "prbs", None)
+            if prbs is not None:    # "ratio x the maximum PRBs of cell 0", as a fraction of the UE's own cell
+                fraction = min(1.0, fraction * float(prbs[node.site, 0]) / float(prbs[node.site, ue.cell]))
+            if hasattr(ran, "set_ue_grant_limit"):
+                ran.set_ue_grant_limit(node.site, ue.cell, ue.slice, ue.share, fraction, tag=ue.f1ap_id)
+            stats.ue_limits_applied.append((ue.f1ap_id, fraction))
+            return rc.encode_control_outcome(rc.RcControlOutcome(((ids.ratio_list, 100),)))
+        nvs = dialects.nvs_reserved(node, quotas)
+        if nvs is not None and hasattr(ran, "set_nvs_reserved"):   # OAI: its NVS downlink slicer
+            # OAI's addmod: what this control names replaces what it had, the rest stays
+            current = [None if v != v else float(v) for v in ran.nvs_reserved[node.site]]   # NaN: not configured
+            unserved = dict(ran.nvs_unserved[node.site])  # (SST, SD) -> share: slices OAI added with no UE here
+            for key, share in nvs.items():
+                if isinstance(key, tuple):
+                    unserved[key] = share
+                else:
+                    current[key] = share
+            try:
+                ran.set_nvs_reserved(node.site, tuple(current), unserved)
+            except ValueError as exc:
+                return _invalid(f"the NVS slicer refused it: {exc}", node)
+            stats.nvs_applied.append(dict(nvs))
+            return rc.encode_control_outcome(rc.RcControlOutcome(((ids.ratio_list, 100),)))
         # a later slice the MAC refuses must not leave the earlier ones applied: put the site's quotas back
         saved = ran.quota[node.site].copy() if hasattr(ran, "quota") else None
         try:

@@ -30,7 +30,9 @@ not serve yields `noValue`.
 
 UE level (KPM report styles 2-5, `measure_ue`): `UE_LEVEL` names for one UE of the node's
 `testbed.model.ues.UePopulation`: its share of its slice's PRBs and throughput in its cell (PRB counts
-apportioned so that a cell's UEs add up to the cell's integer `RRU.PrbUsedDl/Ul`), its slice's delay. A
+apportioned so that a cell's UEs add up to the cell's integer `RRU.PrbUsedDl/Ul`), its slice's delay. A UE
+whose grants the DU caps (srsRAN's per-UE grant limits) reports what the model served it; the other UEs of its
+slice share the rest. A
 sliceID label of another slice than the UE's yields `noValue`.
 """
 from __future__ import annotations
@@ -66,6 +68,9 @@ class SliceMeasurements:
     thp_dl_kbps: float
     delay_dl_ms: float
     thp_ul_kbps: float = 0.0
+    # a UE of the slice whose grants the DU caps (srsRAN's per-UE grant limits): its ID and its own values
+    limited_ue: int | None = None
+    limited: SliceMeasurements | None = None
 
 
 @dataclass(frozen=True)
@@ -167,12 +172,24 @@ def measure_ue(m: SiteMeasurements, slices: tuple[SliceId, ...], ues, ue, name: 
     cell = m.cells[ue.cell]
     if base == "DRB.RlcSduDelayDl":
         return _as_kind(base, cell.slices[ue.slice].delay_dl_ms)
-    exact = {u.f1ap_id: u.share * _slice_value(base, cell.slices[u.slice]) for u in ues.in_cell(ue.cell)}
+    exact = {u.f1ap_id: _ue_value(base, cell.slices[u.slice], u, ues) for u in ues.in_cell(ue.cell)}
     if base.startswith("RRU."):  # integer counters: the cell's UEs add up to the cell's integer value
         from testbed.model.ues import apportion
 
         return apportion(exact, _as_kind(base, sum(exact.values())))[ue.f1ap_id]
     return _as_kind(base, exact[ue.f1ap_id])
+
+
+def _ue_value(base: str, s: SliceMeasurements, u, ues) -> float:
+    """A UE's additive value: its share of its slice's, or, where a UE of the slice is grant-limited, that UE's
+    own value, and the rest of the slice's split among the others by their shares."""
+    if s.limited is None or s.limited_ue is None or ues.get(s.limited_ue) is None:
+        return u.share * _slice_value(base, s)
+    own = _slice_value(base, s.limited)
+    if u.f1ap_id == s.limited_ue:
+        return own
+    rest = max(_slice_value(base, s) - own, 0.0)
+    return rest * u.share / max(1.0 - ues.get(s.limited_ue).share, 1e-12)
 
 
 def from_period_report(report, site: int, gpu_sms: float) -> SiteMeasurements:
@@ -184,7 +201,7 @@ def from_period_report(report, site: int, gpu_sms: float) -> SiteMeasurements:
         slices = tuple(SliceMeasurements(
             prb_used_dl=float(report.slice_prb_used_dl[s, c, i]), prb_used_ul=float(report.slice_prb_used_ul[s, c, i]),
             thp_dl_kbps=float(report.slice_bytes_dl[s, c, i]) * kbps, delay_dl_ms=float(report.slice_delay_ms[s, c, i]),
-            thp_ul_kbps=float(report.slice_bytes_ul[s, c, i]) * kbps)
+            thp_ul_kbps=float(report.slice_bytes_ul[s, c, i]) * kbps, **_limited_of(report, s, c, i, kbps))
             for i in range(report.slice_prb_used_dl.shape[2]))
         cells.append(CellMeasurements(int(round(float(report.prb_avail_dl[s, c]))),
                                       int(round(float(report.prb_avail_ul[s, c]))), slices))
@@ -196,3 +213,17 @@ def from_period_report(report, site: int, gpu_sms: float) -> SiteMeasurements:
                             added_delay_max_ms=float(report.added_delay_max_ms[s]),
                             deferred_bytes=float(report.deferred_bytes[s]),
                             envelope=None if not math.isfinite(float(report.envelope[s])) else float(report.envelope[s]))
+
+
+def _limited_of(report, s: int, c: int, i: int, kbps: float) -> dict:
+    """The grant-limited UE of (cell c, slice i) in the report, if any (`RanModel.set_ue_grant_limit`)."""
+    tags = getattr(report, "limited_ue", None)
+    if tags is None or tags[s, c, i] < 0:
+        return {}
+
+    def pick(a) -> float:
+        return float(a[s, c, i]) if a is not None else 0.0
+    own = SliceMeasurements(prb_used_dl=pick(report.limited_prb_used_dl), prb_used_ul=pick(report.limited_prb_used_ul),
+                            thp_dl_kbps=pick(report.limited_bytes_dl) * kbps, delay_dl_ms=0.0,
+                            thp_ul_kbps=pick(report.limited_bytes_ul) * kbps)
+    return {"limited_ue": int(tags[s, c, i]), "limited": own}

@@ -20,7 +20,7 @@ from typing import Protocol
 from e2sm import e2ap, kpm
 from e2sm.errors import E2DecodeError, E2EncodeError
 
-from . import functions, uestyles
+from . import dialects, functions, uestyles
 from .config import NodeConfig
 from .measure import SiteMeasurements, measure, measurements_for
 
@@ -87,6 +87,8 @@ class NodeStats:
     controls_failed: int = 0
     error_indications: int = 0
     quotas_applied: list = field(default_factory=list)
+    ue_limits_applied: list = field(default_factory=list)   # (UE F1AP ID, grant limit as a cell fraction)
+    nvs_applied: list = field(default_factory=list)          # {slice index: NVS reserved share} per control
 
 
 def _cause(value: str, group: str = "ricRequest") -> e2ap.Cause:
@@ -215,6 +217,13 @@ class E2Node:
             result: e2ap.Cause | bytes = _cause("ran-function-id-invalid")
         else:
             result = control.execute(self.config, self.ran, req.header, req.message, self.stats)
+        if not dialects.answers_control(self.config, req.ack_request):
+            # srsRAN answers only a request that asked for an answer (RICcontrolAckRequest present and "ack")
+            if isinstance(result, e2ap.Cause):
+                self.stats.controls_failed += 1
+            else:
+                self.stats.controls_ok += 1
+            return []
         if isinstance(result, e2ap.Cause):
             self.stats.controls_failed += 1
             return [Outgoing(CONTROL_FAILURE, e2ap.encode_e2ap(e2ap.RicControlFailure(
@@ -223,7 +232,8 @@ class E2Node:
         if req.ack_request is False:  # noAck: the RIC asked for no acknowledgement
             return []
         return [Outgoing(CONTROL_ACK, e2ap.encode_e2ap(e2ap.RicControlAcknowledge(
-            req.request_id, req.ran_function_id, outcome=result, call_process_id=req.call_process_id)))]
+            req.request_id, req.ran_function_id, outcome=dialects.ack_outcome(self.config, result),
+            call_process_id=req.call_process_id)))]
 
     # -- KPM reporting ------------------------------------------------------------------------------
 
@@ -235,9 +245,7 @@ class E2Node:
             return out
         stamp = collect_start_ntp if self.version.timestamp_octets == 8 else collect_start_ntp >> 32
         # senderName is a PrintableString: no '_' allowed, so not the inventory name itself.
-        header = kpm.encode_indication_header(kpm.KpmIndicationHeader(
-            collect_start_time=stamp, file_format_version="1.0", sender_name=f"gNB-DU {self.config.node_gnb_id}",
-            sender_type="DU", vendor_name=self.config.vendor[:32]), self.version)
+        header = kpm.encode_indication_header(dialects.indication_header(self.config, stamp), self.version)
         for sub in due:
             sub.due_ms = now_ms + sub.period_ms
             for action_id, plan in sub.actions:

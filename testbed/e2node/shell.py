@@ -13,7 +13,7 @@ import logging
 
 from xapp.rmr import RmrEndpoint, RmrError, RmrMessage, RmrSendError
 
-from ..ric.routes import node_route_table
+from ..ric.routes import RIC_CONTROL_REQ, RIC_SUB_DEL_REQ, RIC_SUB_REQ, node_route_table
 from .config import NodeConfig
 from .measure import SiteMeasurements
 from .node import CONTROL_ACK, E2Node, Outgoing
@@ -80,6 +80,10 @@ class NodeShell:
         self._task: asyncio.Task | None = None
         self.send_errors = 0
         self.ack_shaper: AckShaper | None = None
+        c = node.config
+        # per request type, how long the node takes before it acts and answers (NodeConfig)
+        self.delay_s = {RIC_SUB_REQ: c.subscription_delay_ms / 1000.0, RIC_SUB_DEL_REQ: c.subscription_delay_ms / 1000.0,
+                        RIC_CONTROL_REQ: c.control_delay_ms / 1000.0}
 
     @classmethod
     async def open(cls, config: NodeConfig, ran, e2term: str, host: str = "127.0.0.1", port: int = 0) -> NodeShell:
@@ -119,19 +123,35 @@ class NodeShell:
         return len(outs)
 
     async def _serve(self) -> None:
-        while True:
-            try:
-                msg = await self.ep.receive()
-            except RmrError:
-                return
-            try:
-                for out in self.node.receive(msg.mtype, msg.payload):
-                    if out.mtype == CONTROL_ACK and self.ack_shaper is not None:
-                        await self.ack_shaper.send(self, out)
-                    else:
-                        await self._send(out)
-            except Exception:  # a bug on one message must not silence the node
-                log.exception("%s: failed on mtype %d", self.meid, msg.mtype)
+        """Requests are taken in arrival order, each acted on and answered its type's delay after it arrived:
+        a later request never overtakes an earlier one, and delays do not add up behind each other."""
+        loop = asyncio.get_running_loop()
+        arrived: asyncio.Queue = asyncio.Queue()
+
+        async def stamp() -> None:
+            while True:
+                try:
+                    msg = await self.ep.receive()
+                except RmrError:
+                    await arrived.put(None)
+                    return
+                await arrived.put((loop.time() + self.delay_s.get(msg.mtype, 0.0), msg))
+        reader = asyncio.ensure_future(stamp())
+        try:
+            while (item := await arrived.get()) is not None:
+                due, msg = item
+                if due > loop.time():
+                    await asyncio.sleep(due - loop.time())
+                try:
+                    for out in self.node.receive(msg.mtype, msg.payload):
+                        if out.mtype == CONTROL_ACK and self.ack_shaper is not None:
+                            await self.ack_shaper.send(self, out)
+                        else:
+                            await self._send(out)
+                except Exception:  # a bug on one message must not silence the node
+                    log.exception("%s: failed on mtype %d", self.meid, msg.mtype)
+        finally:
+            reader.cancel()
 
     async def close(self) -> None:
         if self._task is not None:

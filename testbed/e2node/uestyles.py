@@ -24,6 +24,7 @@ from e2sm import e2ap, kpm
 from e2sm.common import GnbDuUeId
 
 from .config import NodeConfig
+from .dialects import style3_ignores_conditions
 from .measure import SiteMeasurements, measure_ue
 
 TEST_TYPES = {"ul-rSRP": "ul_rsrp", "dl-rSRP": "dl_rsrp", "cQI": "cqi"}
@@ -146,6 +147,12 @@ def report(m: SiteMeasurements, node: NodeConfig, p: UePlan) -> kpm.KpmIndicatio
             return None
         return kpm.IndicationMessageFormat3(tuple(kpm.UeMeasReport(GnbDuUeId(u.f1ap_id), _ue_report(m, node, u, p))
                                                   for u in chosen))
+    if style3_ignores_conditions(node):   # srsRAN: every UE of the node, one value each, the first item only
+        c, every = p.meas_conds[0], node.ues.ues
+        vals = tuple(measure_ue(m, node.slices, node.ues, u, str(c.name), None) for u in every)
+        return kpm.IndicationMessageFormat2(
+            records=(vals,), cond_ue=(kpm.MeasCondUe(c.name, c.conds, tuple(GnbDuUeId(u.f1ap_id) for u in every)),),
+            granul_period_ms=p.granul_period_ms)
     values, cond_ue = [], []
     for c in p.meas_conds:
         hit = [u for u in ues if matches(c.conds, u, node)]

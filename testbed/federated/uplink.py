@@ -7,9 +7,9 @@ default slice quotas; what the best-effort slice could still have been served in
 delay-tolerant class below the cell's other best-effort traffic. Inside a cell the room is split in
 PRBs, equally among the UEs that are uploading (round robin, water-filled: a UE that needs less than its
 share frees the rest in the same slot); a UE carries `bytes_per_prb` of its own MCS (the cell's mean
-plus its offset, on the cell's drawn layers), and none while a mobility outage cuts its link. The uploads'
-own PHY cost is not fed back into the site GPU model here (they are a few hundred kB a round against the
-cells' tens of MB).
+plus its offset, on the cell's drawn layers), and none while a mobility outage cuts its link. The PRBs
+they took, slot by slot and cell by cell (`carried_prbs`), are what `testbed.federated.rancost` puts into
+the RAN model's uplink, so that their PRBs, decode work and the leases they displace are measured there.
 """
 from __future__ import annotations
 
@@ -21,11 +21,12 @@ from testbed.model.mac import schedule_cells
 
 
 @njit(cache=True, nogil=True)
-def serve_uploads(head, bpp, slot0, offs, members, gain, start, out0, out1, remaining, finish):
+def serve_uploads(head, bpp, slot0, offs, members, gain, start, out0, out1, remaining, finish, carried):
     """Slot by slot, per cell n: split the cell's spare PRBs (head[t, n] / bpp[t, n]) equally among its
     uploading UEs (members[offs[n]:offs[n+1]]) by water-filling; `remaining` (bytes) drains in place and
-    `finish` gets the slot after the one that carried a UE's last byte. start/out0/out1 are absolute
-    slots (an outage [out0, out1) carries nothing; NaN: none)."""
+    `finish` gets the slot after the one that carried a UE's last byte; `carried[t, n]` gets the PRBs the
+    uploads took in that slot and cell. start/out0/out1 are absolute slots (an outage [out0, out1)
+    carries nothing; NaN: none)."""
     T, N = head.shape
     width = 0
     for n in range(N):
@@ -56,11 +57,13 @@ def serve_uploads(head, bpp, slot0, offs, members, gain, start, out0, out1, rema
                     remaining[i] = 0.0
                     finish[i] = s + 1
                     left -= need[order[q]]
+                    carried[t, n] += need[order[q]]
                     m -= 1
                 else:  # everyone still here needs more than an equal share: each gets it
                     for q2 in range(q, k):
                         i2 = idx[order[q2]]
                         remaining[i2] -= share * bpp[t, n] * gain[i2]
+                    carried[t, n] += share * (k - q)
                     break
 
 
@@ -97,6 +100,9 @@ class Uplink:
         self.out1 = np.full(M, np.nan)
         self.finish = np.full(M, np.nan)
         self.carried_bytes = 0.0
+        # PRBs the uploads took, per slot and cell (T_total, S, C), a period at a time: what the RAN model
+        # schedules as their uplink (testbed.federated.rancost)
+        self.carried_prbs: list[np.ndarray] = []
 
     @property
     def now_s(self) -> float:
@@ -130,11 +136,13 @@ class Uplink:
         arr = self.trace.arrivals(self.slot, T)
         ul = schedule_cells(arr.ul, self.cap_ul, arr.bpp_ul, self.quota, self.q_ul)
         self.q_ul = ul.queue[:, -1].copy()
+        N = self.cap_ul.shape[1] * self.cap_ul.shape[2]
+        prbs = np.zeros((T, N))
         if (self.remaining > 0).any():
             before = self.remaining.sum()
-            N = self.cap_ul.shape[1] * self.cap_ul.shape[2]
             serve_uploads(np.ascontiguousarray(ul.be_headroom).reshape(T, N),
                           np.ascontiguousarray(arr.bpp_ul).reshape(T, N), self.slot, self.offs, self.members,
-                          self.gain, self.start, self.out0, self.out1, self.remaining, self.finish)
+                          self.gain, self.start, self.out0, self.out1, self.remaining, self.finish, prbs)
             self.carried_bytes += before - self.remaining.sum()
+        self.carried_prbs.append(prbs.reshape(T, *self.cap_ul.shape[1:]))
         self.slot += T

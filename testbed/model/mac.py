@@ -64,25 +64,87 @@ class SliceSchedule:
     queue: np.ndarray  # bytes left after each slot
     capacity: np.ndarray  # bytes the slice could have been served in each slot
     be_headroom: np.ndarray  # (T, S, C) bytes the best-effort slice could still have been served
+    served_limited: np.ndarray | None = None  # (2, T, S, C) of `served`: the grant-limited UE's (see `UeLimits`)
+
+
+@dataclass
+class UeLimits:
+    """One UE per (site, cell, slice) whose grants are capped (srsRAN's per-UE grant-size limits, which its DU
+    sets from an RC slice-quota control: testbed.e2node.dialects). `share` (S, C, 2): the UE's share of its
+    slice's traffic in the cell (0 = no limited UE there); `cap` (S, C, 2): its largest grant, as a fraction of
+    the cell's PRBs; `queue` (2, S, C): its own backlog, part of the slice's. Inside the slice the UE and the
+    slice's other UEs share the slice's capacity in proportion to what each can take in the slot."""
+
+    share: np.ndarray
+    cap: np.ndarray
+    queue: np.ndarray
+    tag: np.ndarray     # (S, C, 2) who the limited UE is, for the caller's reports (its UE ID); -1 = none
+
+    @classmethod
+    def none(cls, S: int, C: int) -> UeLimits:
+        return cls(np.zeros((S, C, 2)), np.ones((S, C, 2)), np.zeros((2, S, C)), np.full((S, C, 2), -1))
 
 
 def schedule_cells(a: np.ndarray, cap_prb: np.ndarray, bpp: np.ndarray, quota: np.ndarray,
-                   q0: np.ndarray) -> SliceSchedule:
+                   q0: np.ndarray, limits: UeLimits | None = None) -> SliceSchedule:
     """Serve slice queues by priority (slice 0 protected, slice 1 best-effort) under quotas.
 
     a (2,T,S,C) arriving bytes per slice (slice-first: each slice's array is contiguous); cap_prb (T,S,C)
     PRBs of this direction in each slot (0 when the TDD slot is of the other direction); bpp (T,S,C) bytes
     per PRB; quota (S,C,2,3) = (min, max, dedicated) fractions; q0 (2,S,C) queues at period start.
-    Works in bytes (PRB shares x bytes per PRB); one compiled pass over the slots (`mac_kernel`)."""
+    Works in bytes (PRB shares x bytes per PRB); one compiled pass over the slots (`mac_kernel`).
+    `limits`: grant-limited UEs (`UeLimits`); their backlog is part of q0 and is updated in place."""
     L, T, S, C = a.shape
     N = S * C
     served, queue, capacity = (np.empty_like(a) for _ in range(3))
     head = np.empty((T, S, C))
-    mac_kernel(np.ascontiguousarray(a).reshape(L, T, N), np.ascontiguousarray(cap_prb).reshape(T, N),
-               np.ascontiguousarray(bpp).reshape(T, N), np.ascontiguousarray(quota).reshape(N, 2, 3),
-               np.ascontiguousarray(q0, dtype=np.float64).reshape(L, N),
-               served.reshape(L, T, N), queue.reshape(L, T, N), capacity.reshape(L, T, N), head.reshape(T, N))
-    return SliceSchedule(served=served, queue=queue, capacity=capacity, be_headroom=head)
+    args = (np.ascontiguousarray(a).reshape(L, T, N), np.ascontiguousarray(cap_prb).reshape(T, N),
+            np.ascontiguousarray(bpp).reshape(T, N), np.ascontiguousarray(quota).reshape(N, 2, 3),
+            np.ascontiguousarray(q0, dtype=np.float64).reshape(L, N),
+            served.reshape(L, T, N), queue.reshape(L, T, N), capacity.reshape(L, T, N), head.reshape(T, N))
+    if limits is None or not limits.share.any():
+        mac_kernel(*args)
+        return SliceSchedule(served=served, queue=queue, capacity=capacity, be_headroom=head)
+    q_lim = np.ascontiguousarray(limits.queue, dtype=np.float64).reshape(L, N).copy()
+    served_lim = np.zeros((L, T, S, C))
+    mac_kernel_limited(*args, np.ascontiguousarray(limits.share, dtype=np.float64).reshape(N, 2),
+                       np.ascontiguousarray(limits.cap, dtype=np.float64).reshape(N, 2), q_lim,
+                       served_lim.reshape(L, T, N))
+    limits.queue = q_lim.reshape(L, S, C)
+    return SliceSchedule(served=served, queue=queue, capacity=capacity, be_headroom=head, served_limited=served_lim)
+
+
+@njit(cache=True, nogil=True)
+def _slice_slot(x_all, c, share, ucap_bytes, q_lim, a_t):
+    """One slice in one slot: (served, queue left, the limited UE's served, its queue left). `x_all` = the
+    slice's backlog + arrivals, `c` its capacity; with a limited UE, its part of the arrivals (`share`) joins
+    its own backlog `q_lim`, it takes at most `ucap_bytes`, and the capacity is split in proportion."""
+    if share <= 0.0:
+        q = max(x_all - c, 0.0)
+        return max(x_all - q, 0.0), q, 0.0, 0.0
+    xu = q_lim + share * a_t
+    xo = max(x_all - xu, 0.0)
+    du = min(xu, ucap_bytes)
+    tot = du + xo
+    if tot <= c:
+        su, so = du, xo
+    else:
+        f = c / tot if tot > 0.0 else 0.0
+        su, so = du * f, xo * f
+    return su + so, (xu - su) + (xo - so), su, xu - su
+
+
+@njit(cache=True, nogil=True)
+def _protected_capacity(cap, quota_n):
+    """The protected slice's bytes in a slot: up to its max, never into best-effort's dedicated or min share."""
+    return cap * min(quota_n[0, 1], 1.0 - max(quota_n[1, 2], quota_n[1, 0]))
+
+
+@njit(cache=True, nogil=True)
+def _best_effort_capacity(cap, s0, quota_n):
+    """Best-effort's bytes in a slot: what the protected slice left (its dedicated PRBs out of reach), under its max."""
+    cb = cap - max(s0, cap * quota_n[0, 2])
+    return max(min(cb, cap * quota_n[1, 1]), 0.0)
 
 
 @njit(cache=True, nogil=True)
@@ -96,19 +158,41 @@ def mac_kernel(a, cap_prb, bpp, quota, q0, served, queue, capacity, head):
     for t in range(T):
         for n in range(N):
             cap = cap_prb[t, n] * bpp[t, n]
-            # Protected: up to its max, never into best-effort's dedicated or min share.
-            c0 = cap * min(quota[n, 0, 1], 1.0 - max(quota[n, 1, 2], quota[n, 1, 0]))
+            c0 = _protected_capacity(cap, quota[n])
             x = q_p[n] + a[0, t, n]
             q = max(x - c0, 0.0)
             s0 = max(x - q, 0.0)
             q_p[n] = q
             served[0, t, n], queue[0, t, n], capacity[0, t, n] = s0, q, c0
-            cb = cap - max(s0, cap * quota[n, 0, 2])
-            cb = max(min(cb, cap * quota[n, 1, 1]), 0.0)
+            cb = _best_effort_capacity(cap, s0, quota[n])
             x = q_b[n] + a[1, t, n]
             q = max(x - cb, 0.0)
             s1 = max(x - q, 0.0)
             q_b[n] = q
+            served[1, t, n], queue[1, t, n], capacity[1, t, n] = s1, q, cb
+            head[t, n] = max(cb - s1, 0.0)
+
+
+@njit(cache=True, nogil=True)
+def mac_kernel_limited(a, cap_prb, bpp, quota, q0, served, queue, capacity, head, share, ucap, q_lim, served_lim):
+    """`mac_kernel` with grant-limited UEs (`UeLimits`): share, ucap (N, 2), q_lim (2, N) in place, served_lim
+    (2, T, N). A kernel of its own so that the common case, no UE limited, runs the plain recursion at its
+    speed (one kernel with the branch cost `weaver bench sim` a third of its rate)."""
+    T, N = cap_prb.shape
+    q_p = q0[0].copy()
+    q_b = q0[1].copy()
+    for t in range(T):
+        for n in range(N):
+            cap = cap_prb[t, n] * bpp[t, n]
+            c0 = _protected_capacity(cap, quota[n])
+            s0, q, su, qu = _slice_slot(q_p[n] + a[0, t, n], c0, share[n, 0], ucap[n, 0] * cap, q_lim[0, n],
+                                        a[0, t, n])
+            q_p[n], q_lim[0, n], served_lim[0, t, n] = q, qu, su
+            served[0, t, n], queue[0, t, n], capacity[0, t, n] = s0, q, c0
+            cb = _best_effort_capacity(cap, s0, quota[n])
+            s1, q, su, qu = _slice_slot(q_b[n] + a[1, t, n], cb, share[n, 1], ucap[n, 1] * cap, q_lim[1, n],
+                                        a[1, t, n])
+            q_b[n], q_lim[1, n], served_lim[1, t, n] = q, qu, su
             served[1, t, n], queue[1, t, n], capacity[1, t, n] = s1, q, cb
             head[t, n] = max(cb - s1, 0.0)
 

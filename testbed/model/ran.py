@@ -24,10 +24,12 @@ import numpy as np
 
 from .config import SLOT_S, ModelConfigError, Scenario
 from .edf import stage_kernel
-from .mac import EdfInput, FifoBacklog, mac_delay_kernel, schedule_cells
+from .mac import EdfInput, FifoBacklog, UeLimits, mac_delay_kernel, schedule_cells
 from .phy import PhyCost, ul_spill
 from .traffic import SyntheticTrace, TraceSource
 
+# OAI's default NVS slice (nvs_nr_dl_init: "we reserved 5% resource for RRC connection"), always there
+NVS_DEFAULT_SHARE = 0.05
 DELAY_BINS = 4001  # histogram bins of one slot (0.5 ms); the last bin collects everything longer
 S_SLOT_DL = 10 / 14  # DL share of a special slot (format 10D:2G:2U)
 
@@ -81,6 +83,13 @@ class PeriodReport:
     demand: np.ndarray
     offered: np.ndarray
     nondeferrable: np.ndarray  # (T, S) fixed + protected SMs per slot
+    # the grant-limited UE of a (site, cell, slice), where one is set (`RanModel.set_ue_grant_limit`): its mean
+    # PRBs per slot of the direction and bytes, (S, C, L); None when no UE is limited
+    limited_prb_used_dl: np.ndarray | None = None
+    limited_prb_used_ul: np.ndarray | None = None
+    limited_bytes_dl: np.ndarray | None = None
+    limited_bytes_ul: np.ndarray | None = None
+    limited_ue: np.ndarray | None = None     # (S, C, L) its tag (`set_ue_grant_limit`), -1 where none
 
     @property
     def prb_util_dl(self) -> np.ndarray:
@@ -150,6 +159,14 @@ class RanModel:
         self.q_dl = np.zeros((2, S, C))  # MAC queues, slice-first like the MAC arrays
         self.q_ul = np.zeros((2, S, C))
         self.envelope = np.full(S, np.inf)
+        self.limits_dl, self.limits_ul = UeLimits.none(S, C), UeLimits.none(S, C)   # per-UE grant caps
+        # OAI's NVS downlink slicing (testbed.e2node.dialects.nvs_reserved), per site: each model slice's reserved
+        # share (NaN: not configured, so in OAI's default slice); all NaN = no NVS, the quotas govern the DL.
+        # nvs_unserved: per site, the slices OAI added that no UE here is on, by S-NSSAI -> reserved share
+        self.nvs_reserved = np.full((S, 2), np.nan)
+        self.nvs_unserved: list[dict] = [{} for _ in range(S)]
+        # the tightest envelope in force since the last period: what the period is simulated under (see step_period)
+        self._period_envelope = np.full(S, np.inf)
         self.be_delay_budget_ms = np.array([s.slices[1].delay_budget_ms for s in scenario.sites])
         self.training_sms = np.zeros(S)
         self.backlog_dl = [FifoBacklog.empty(C) for _ in range(S)]
@@ -181,12 +198,64 @@ class RanModel:
             raise ModelConfigError(f"cell {site}/{cell}: dedicated or min ratios sum over 100 %")
         self.quota[site, cell] = new
 
+    def set_ue_grant_limit(self, site: int, cell: int, slice_index: int, share: float, max_fraction: float,
+                           tag: int = 0) -> None:
+        """One UE's grants capped at `max_fraction` of the cell's PRBs, in both directions (PDSCH and PUSCH grant
+        size limits); `share`: that UE's share of its slice's traffic in the cell; `tag`: who it is (the caller's
+        UE ID, back in the report). One limited UE per (site, cell, slice): a second replaces the first; a
+        restart (`reset_controls`) lifts them all."""
+        self._check_site(site)
+        if not (0 <= cell < self.scenario.n_cells and slice_index in (0, 1)):
+            raise ModelConfigError(f"no cell/slice {site}/{cell}/{slice_index}")
+        if not (0.0 < share <= 1.0 and 0.0 <= max_fraction <= 1.0):
+            raise ModelConfigError(f"UE share {share} / grant limit {max_fraction} outside (0, 1] / [0, 1]")
+        for lim in (self.limits_dl, self.limits_ul):
+            if lim.tag[site, cell, slice_index] != tag:     # another UE: the old one's backlog is the slice's
+                lim.queue[slice_index, site, cell] = 0.0
+            lim.share[site, cell, slice_index], lim.cap[site, cell, slice_index] = share, max_fraction
+            lim.tag[site, cell, slice_index] = tag
+
+    def set_nvs_reserved(self, site: int, reserved: tuple[float | None, float | None],
+                         unserved: dict | None = None) -> None:
+        """OAI's NVS capacity slicing of the downlink: the two slices' reserved shares (fractions; None: the
+        slice is not configured and its UEs are in OAI's default slice). Every slot goes to one slice, each
+        slice taking slots in proportion to its reservation whether or not it has data (`NVS_DEFAULT_SHARE`
+        for the default slice), so over a period each gets that share of the DL PRBs and no more; the uplink
+        is not sliced. `unserved`: the slices no UE here is on (S-NSSAI -> reserved share), whose slots go
+        unused. Raises ModelConfigError past OAI's admission control (the reservations with the default slice's
+        above 1)."""
+        self._check_site(site)
+        r = np.array([np.nan if x is None else float(x) for x in reserved])
+        others = dict(unserved or {})
+        if np.any(r[np.isfinite(r)] < 0) or any(not v >= 0 for v in others.values()) \
+                or NVS_DEFAULT_SHARE + np.nansum(r) + sum(others.values()) > 1.0 + 1e-9:
+            raise ModelConfigError(f"NVS reservations {reserved} (+ {others} on slices without UEs) with the "
+                                   f"default slice's {NVS_DEFAULT_SHARE} over 1.0 (OAI's admission control)")
+        self.nvs_reserved[site], self.nvs_unserved[site] = r, others
+
+    def _dl_quota(self) -> np.ndarray:
+        """The quota the DL is scheduled under: the RC quotas, with NVS sites' slices at their time shares
+        (max = the slice's share, and the protected slice's dedicated ratio keeping best-effort to its own)."""
+        on = ~np.all(np.isnan(self.nvs_reserved), axis=1)
+        if not on.any():
+            return self.quota
+        q = self.quota.copy()
+        for site in np.flatnonzero(on):
+            r = self.nvs_reserved[site]
+            total = NVS_DEFAULT_SHARE + np.nansum(r) + sum(self.nvs_unserved[site].values())
+            default = NVS_DEFAULT_SHARE / total / max(1, int(np.isnan(r).sum()))   # the default slice's, split
+            f = np.where(np.isnan(r), default, r / total)
+            q[site, :, 0] = (0.0, f[0], 1.0 - f[1])       # protected: at most f0; best-effort kept to f1
+            q[site, :, 1] = (0.0, f[1], 0.0)
+        return q
+
     def set_envelope(self, site: int, sms: float | None, be_delay_budget_ms: float | None = None) -> None:
         """Site SM envelope for the compute-aware MAC (None switches it off; deferred work then drains)."""
         self._check_site(site)
         if sms is not None and not (np.isfinite(sms) and sms >= 0):
             raise ModelConfigError(f"envelope {sms} must be a finite number of SMs >= 0")
         self.envelope[site] = np.inf if sms is None else float(sms)
+        self._period_envelope[site] = min(self._period_envelope[site], self.envelope[site])
         if be_delay_budget_ms is not None:
             self.be_delay_budget_ms[site] = be_delay_budget_ms
 
@@ -197,6 +266,9 @@ class RanModel:
         self._check_site(site)
         self.quota[site] = 0.0
         self.quota[site, ..., 1] = 1.0
+        for lim in (self.limits_dl, self.limits_ul):
+            lim.share[site], lim.cap[site], lim.queue[:, site], lim.tag[site] = 0.0, 1.0, 0.0, -1
+        self.nvs_reserved[site], self.nvs_unserved[site] = np.nan, {}
         self.envelope[site] = np.inf
         self.be_delay_budget_ms[site] = self.scenario.sites[site].slices[1].delay_budget_ms
 
@@ -231,8 +303,8 @@ class RanModel:
         start = self.slot
         lay = self._period_layout(T)
         arr = self.trace.arrivals(start, T)
-        dl = schedule_cells(arr.dl, lay.cap_dl, arr.bpp_dl, self.quota, self.q_dl)
-        ul = schedule_cells(arr.ul, lay.cap_ul, arr.bpp_ul, self.quota, self.q_ul)
+        dl = schedule_cells(arr.dl, lay.cap_dl, arr.bpp_dl, self._dl_quota(), self.q_dl, self.limits_dl)
+        ul = schedule_cells(arr.ul, lay.cap_ul, arr.bpp_ul, self.quota, self.q_ul, self.limits_ul)
         q0_dl, q0_ul = self.q_dl, self.q_ul
         self.q_dl, self.q_ul = dl.queue[:, -1].copy(), ul.queue[:, -1].copy()
         cd, cu = self.cost.dl, self.cost.ul
@@ -249,12 +321,19 @@ class RanModel:
         # Best-effort bytes served per cell; the compute-aware stage rewrites its sites' rows in place.
         served_be_dl = dl.served[1]
         served_be_ul = ul.served[1]
+        mac_be = (served_be_dl.sum(axis=0), served_be_ul.sum(axis=0)) \
+            if dl.served_limited is not None or ul.served_limited is not None else None
         if self.track_delay:  # before the compute stage rewrites the best-effort rows
             self._add_mac_delays(arr, dl, ul, q0_dl, q0_ul)
         added_max = np.zeros(S)
         deferred = np.zeros(S)
+        # A period is simulated under the tightest envelope in force during it. The training SMs it is charged
+        # with were measured over the same wall period, and an envelope loosens only after the training it gave
+        # way to has stopped (its release): charged together with the looser envelope, the two would overlap in
+        # the model where they followed each other in time. The looser envelope governs from the next period on.
+        period_envelope, self._period_envelope = self._period_envelope, self.envelope.copy()
         for s in range(S):
-            E = self.envelope[s]
+            E = period_envelope[s]
             if not np.isfinite(E) and not self.backlog_dl[s].total and not self.backlog_ul[s].total:
                 continue
             d = self._compute_stage(s, start, E, nondef[:, s], lay,
@@ -279,6 +358,9 @@ class RanModel:
         n_dl, n_ul = lay.n_dl, lay.n_ul
         prb_dl = np.einsum("ltsc,tsc->scl", served_dl, 1.0 / arr.bpp_dl)  # PRB-slots per slice
         prb_ul = np.einsum("ltsc,tsc->scl", served_ul, 1.0 / arr.bpp_ul)
+        limited = self._limited(dl, ul, arr, mac_be, per_cell, n_dl, n_ul) if mac_be is not None else {}
+        if limited:
+            limited["limited_ue"] = self.limits_dl.tag.copy()
         arrivals_per_slot = off / T
         queue_mean = (per_cell(dl.queue) + per_cell(ul.queue)) / T
         self.slot += T
@@ -297,8 +379,23 @@ class RanModel:
             slice_queue_bytes=np.moveaxis(self.q_dl + self.q_ul, 0, -1),
             slice_delay_ms=np.where(arrivals_per_slot > 0, queue_mean / np.maximum(arrivals_per_slot, 1e-12), 0.0)
             * SLOT_S * 1e3,
-            demand=demand, offered=offered, nondeferrable=nondef,
+            demand=demand, offered=offered, nondeferrable=nondef, **limited,
         )
+
+    @staticmethod
+    def _limited(dl, ul, arr, mac_be, per_cell, n_dl, n_ul) -> dict:
+        """The grant-limited UEs' PRBs and bytes; on best-effort, scaled by what the compute-aware stage let
+        leave of the cell's best-effort service (it defers the slice's work as a whole)."""
+        out = {}
+        for name, sched, bpp, n, before, after in (("dl", dl, arr.bpp_dl, n_dl, mac_be[0], dl.served[1].sum(axis=0)),
+                                                   ("ul", ul, arr.bpp_ul, n_ul, mac_be[1], ul.served[1].sum(axis=0))):
+            if sched.served_limited is None:
+                continue
+            lim = sched.served_limited.copy()
+            lim[1] *= np.where(before > 0, after / np.maximum(before, 1e-30), 1.0)[None]
+            out[f"limited_bytes_{name}"] = per_cell(lim)
+            out[f"limited_prb_used_{name}"] = np.einsum("ltsc,tsc->scl", lim, 1.0 / bpp) / n[..., None]
+        return out
 
     def _add_mac_delays(self, arr, dl, ul, q0_dl: np.ndarray, q0_ul: np.ndarray) -> None:
         """Bytes-weighted FIFO delay of what left the MAC queues, into `delay_hist[0]` (`mac_delay_kernel`:

@@ -189,6 +189,8 @@ def parse_subscription_params(body: bytes | str | dict) -> SubscriptionParams:
             body = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise SubscriptionRequestError(f"body is not JSON: {exc}") from None
+        except RecursionError:    # json's decoder recurses per nesting level: deeply nested input is refused
+            raise SubscriptionRequestError("body is nested too deeply") from None
     p = _obj(body, "body")
     ce = _obj(p.get("ClientEndpoint"), "body.ClientEndpoint")
     client = ClientEndpoint(

@@ -63,7 +63,11 @@ def test_kpm_mon_and_simple_rc_xapp_through_the_mini_ric():
                 await x.ep.send(RmrMessage(12040, payload, meid=meid, sub_id=-1))
                 reply = await x.receive()
                 assert reply.mtype == 12041, reply
-            assert sim.model.quota[0, :, 1].tolist() == [[0.1, 1.0, 1.0]] * 2
+            # srsRAN's DU applies them to UE 0's grant sizes (testbed.e2node.dialects), the last one 100 %
+            ue0 = sim.nodes[0].node.config.ues.get(0)
+            assert sim.model.limits_dl.tag[0, ue0.cell, ue0.slice] == 0
+            assert sim.model.limits_dl.cap[0, ue0.cell, ue0.slice] == 1.0
+            assert sim.model.quota[0, :, 1].tolist() == [[0.0, 1.0, 0.0]] * 2
         finally:
             await x.close()
             await sim.close()

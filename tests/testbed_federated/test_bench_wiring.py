@@ -29,3 +29,7 @@ def test_bench_wiring_tiny(agent_python, repo_root):
         assert len(a["val_loss"]) == cfg.rounds and all(math.isfinite(v) for v in a["val_loss"])
         assert a["updates_made_their_round"] + a["updates_admitted_late"] <= produced
     assert len(out["reconfig_sweep"]) == 4
+    # the RAN's side of the same uploads (testbed.federated.rancost): their PRBs and GPU, RAN first held with them
+    rc = out["ran_cost"]
+    assert rc["updates_prb_slots"] > 0 and rc["updates_ran_gpu_sm_s"] > 0 and rc["updates_bytes_carried"] > 0
+    assert rc["runs"]["with updates"]["deadline_misses_attributable_to_training"] == 0

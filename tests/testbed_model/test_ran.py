@@ -279,3 +279,30 @@ def test_trace_level_is_each_sites_diurnal_curve_times_scale_and_markov_state():
         hour = sc.start_hour + slot * 0.0005 * sc.day_speedup / 3600
         want = np.array([site.scale * diurnal_level(site.archetype, hour + site.phase_h) for site in sc.sites])
         np.testing.assert_allclose(trace.level(slot), want * MARKOV_LEVELS[trace.markov], rtol=1e-12)
+
+
+def test_a_period_is_simulated_under_the_tightest_envelope_in_force_during_it():
+    """An envelope loosens once the training it gave way to has stopped; the period in which it loosened is
+    charged with that training, so it runs under the tighter envelope (else the two would overlap in the
+    model), and the looser one governs from the next period. A tighter envelope governs at once."""
+    sc = busy_scenario(n_sites=1, load=0.8)
+    peak = max(r.offered[:, 0].max() for r in run(RanModel(sc, seed=4), 4))
+    E = float(np.ceil(0.5 * peak))           # an envelope that binds
+    T = 132.0 - E - 8.0                      # and a lease that fills the rest but the guard
+    loosened, held = RanModel(sc, seed=4), RanModel(sc, seed=4)
+    for m in (loosened, held):
+        m.set_envelope(0, E)
+        run(m, 2)
+        m.set_training_sms(0, T)
+    loosened.set_envelope(0, None)           # after the release, within the period
+    a, b = loosened.step_period(), held.step_period()
+    np.testing.assert_array_equal(a.demand, b.demand)
+    assert a.misses[0] == b.misses[0] == 0
+    a2, b2 = loosened.step_period(), held.step_period()   # the same training, now beside the loosened envelope
+    assert a2.demand.max() > E and a2.misses[0] > b2.misses[0] == 0
+    tightened = RanModel(sc, seed=4)
+    run(tightened, 2)
+    tightened.set_envelope(0, E)
+    r = tightened.step_period()
+    fits = r.nondeferrable[:, 0] <= E
+    assert np.all(r.demand[fits, 0] <= E + 1e-6)

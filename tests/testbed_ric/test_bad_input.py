@@ -127,7 +127,8 @@ def test_rest_garbage_gets_4xx_json_and_changes_nothing():
         good = x.subscription_body(sim.nodes[0].meid, 2, b"\x00\x63", b"\x00")
         cases = [b"", b"not json", b"[]", b"{}", b"\xff\xfe", json.dumps({**good, "Meid": 5}).encode(),
                  json.dumps({**good, "RANFunctionID": -1}).encode(),
-                 json.dumps({**good, "SubscriptionDetails": [{"XappEventInstanceId": 1}]}).encode()]
+                 json.dumps({**good, "SubscriptionDetails": [{"XappEventInstanceId": 1}]}).encode(),
+                 b"[" * 100_000 + b"]" * 100_000]          # deeply nested: a JSON 400, not a text/plain 500
         for raw in cases:
             status, err = await x.post(url, raw)
             assert status == 400 and isinstance(err, dict) and err["error"], raw

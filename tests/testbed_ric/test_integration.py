@@ -17,8 +17,10 @@ from .tiny_xapp import TinyXapp, kpm_action, prb_quota
 
 
 async def _drive(kpm_version: str, rc_table: str, sdl: SDLWrapper | None = None) -> None:
+    # the standard text's dialect: the quota control below caps the slice (srsRAN's DU would limit one UE's
+    # grants instead, tests/emulator/test_dialect_effects.py); the ID table is still rc_table's
     sim = await Simulation.start(SimConfig(n_sites=1, n_cells=2, kpm_version=kpm_version, rc_table=rc_table,
-                                           speed=0, seed=3), sdl)
+                                           speed=0, seed=3, node_overrides={0: {"dialect": "o-ran"}}), sdl)
     x = await TinyXapp.start(sim.ric.xapp_route_table)
     try:
         node = sim.nodes[0]

@@ -170,4 +170,12 @@ def test_each_rc_table_accepts_its_own_form_and_refuses_the_others(table, ids):
         msg = rc.encode_control_message(rc.build_prb_quota_control([rc.SliceQuota("00101", 1, 2, 0, 30 + n, 0)], other))
         [out] = node.receive(12040, e2ap.encode_e2ap(e2ap.RicControlRequest(e2ap.RicRequestId(1, n), 3, hdr, msg)))
         assert out.mtype == (12041 if other == ids else 12042), (table, n)
-    assert model.quota[0, 0, 1].tolist() == [0.0, (30 + [rc.SRSRAN_IDS, rc.OAI_IDS, rc.OAI_GNB_IDS].index(ids)) / 100, 0.0]
+    ratio = (30 + [rc.SRSRAN_IDS, rc.OAI_IDS, rc.OAI_GNB_IDS].index(ids)) / 100
+    if table == "srsran":   # srsRAN's DU limits the UE the header names (UE 0), not the slice (dialects.ue_grant_limit)
+        ue0 = node.config.ues.get(0)
+        assert model.limits_dl.cap[0, ue0.cell, ue0.slice] == pytest.approx(ratio)
+        assert model.quota[0, 0, 1].tolist() == [0.0, 1.0, 0.0]
+    elif table == "oai-gnb":   # OAI's NVS slicer: the slice reserves its dedicated ratio, here 0 (dialects.nvs_reserved)
+        assert model.nvs_reserved[0, 1] == 0.0 and model.quota[0, 0, 1].tolist() == [0.0, 1.0, 0.0]
+    else:
+        assert model.quota[0, 0, 1].tolist() == [0.0, ratio, 0.0]

@@ -72,13 +72,15 @@ def test_node_overrides_parse_and_refuse():
 
     assert parse_node_overrides(["1:kpm=v2.03,rc=oai", "0:rc=oai"]) == {
         1: {"kpm_version": "v2.03", "rc_table": "oai"}, 0: {"rc_table": "oai"}}
-    for bad in ("x", "1", "a:kpm=v2.03", "1:foo=bar", "1:kpm"):
+    assert parse_node_overrides(["0:sub_ms=20,control_ms=7.5"]) == {
+        0: {"subscription_delay_ms": 20.0, "control_delay_ms": 7.5}}
+    for bad in ("x", "1", "a:kpm=v2.03", "1:foo=bar", "1:kpm", "0:control_ms=soon"):
         with pytest.raises(ValueError):
             parse_node_overrides([bad])
 
 
 def test_bad_settings_exit_2(xapp_python, repo_root):
-    for argv in (["--scenario", "nope"], ["--node", "0:kpm=v1"], ["--period-ms", "3"]):
+    for argv in (["--scenario", "nope"], ["--node", "0:kpm=v1"], ["--period-ms", "3"], ["--node", "0:control_ms=-4"]):
         r = subprocess.run([str(xapp_python), "-m", "testbed.cli", "sim", "--e2term-port", "0", "--submgr-port", "0",
                             *argv], cwd=repo_root, capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "weaver sim:" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -1,6 +1,7 @@
 """The /proc sampler against real child processes that burn a known CPU time (no mocks of /proc)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -120,6 +121,13 @@ def test_site_sms_scale_and_truth_accounting():
         summ = t.summary()
         assert summ["sm_ms_beyond_lease_total"] == pytest.approx((sms - 10.0) * 1000.0, rel=0.05)
         assert summ["sm_seconds_executed"] >= sms * 1.0
+        # the worst period is kept with what came before it and what the agent said about its lease
+        w = summ["worst_periods"]
+        assert [r["reported_lease_sms"] for r in w] == [0.0, 10.0] and w[-1]["beyond_sms"] == pytest.approx(sms - 10.0, abs=0.01)
+        for lease in (10.0, 10.0, 10.0):
+            t.period(0.1, lease_sms=lease, connected=True, said={"lease_id": "s.1.2"})
+        w = t.summary()["worst_periods"]
+        assert len(w) == 4 and [r.get("lease_id") for r in w[2:]] == ["s.1.2", "s.1.2"]
     finally:
         _finish(p)
 
@@ -219,3 +227,29 @@ def test_work_stopped_at_a_revoke_mid_work():
     assert work_stopped_at(t, cpu, 0.1, until=0.105) is None                             # re-granted first
     t, cpu = _clock([(0.0, 0.4)])
     assert work_stopped_at(t, cpu, 0.1) is None                                          # never stops
+
+
+def test_a_dying_workers_teardown_beyond_the_lease_is_kept_apart_and_a_zombie_reads_as_exiting():
+    from testbed.groundtruth import stat_fields
+
+    z = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not stat_fields(z.pid)[1]:
+        time.sleep(0.01)
+    assert stat_fields(z.pid)[1], "an unreaped child is a zombie: exiting"
+    assert stat_fields(os.getpid())[1] is False
+    z.wait()
+    p = _child(SPIN.format(burn=0.3))
+    try:
+        t = AgentTruth(site=0, pid=p.pid, gpu_sms=100.0, cores=1)
+        t.period(0.1, lease_sms=10.0, connected=True)
+        _burn(p)
+        t.sampler.exiting = True          # as if the sample had caught the worker in do_exit
+        t.sampler.sample = lambda: 0.3    # and it had executed 30 SMs' worth meanwhile
+        charged = t.period(1.0, lease_sms=10.0, connected=True, cpu=0.3)
+        summ = t.summary()
+        assert charged == 10.0 and summ["exit_teardown_sm_ms_beyond_lease"] == pytest.approx(20_000.0)
+        assert summ["sm_seconds_executed"] == pytest.approx(30.0, abs=1.0)   # what ran is still what ran
+        assert summ["sm_ms_beyond_lease_max"] == 0.0
+    finally:
+        _finish(p)
