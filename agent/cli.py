@@ -14,18 +14,22 @@ Tables by default, `--json` for scripts. Exit codes: 0 ok, 1 the agent refused, 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import json
 import logging
 import math
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import replace
 
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from schemas.announce import announce
 from schemas.proto.weaver.v1 import lease_pb2, lease_pb2_grpc
 
 DEFAULT_ADDR = os.environ.get("WEAVER_AGENT_INSPECT", "127.0.0.1:50061")
@@ -197,8 +201,8 @@ def build_config(args):
     cfg = replace(cfg, lease=lease)
     if args.mode:
         cfg = replace(cfg, modes=replace(cfg.modes, mode=args.mode))
-    for flag in ("device", "cores", "checkpoint_dir", "inspect_addr", "metrics_addr"):
-        if getattr(args, flag) is not None:
+    for flag in ("device", "cores", "checkpoint_dir", "inspect_addr", "metrics_addr", "tier_host"):
+        if getattr(args, flag, None) is not None:
             cfg = replace(cfg, **{flag: getattr(args, flag)})
     if getattr(args, "phase", None) is not None:
         cfg = replace(cfg, enforcer=replace(cfg.enforcer, phase_fraction=args.phase))
@@ -230,6 +234,8 @@ def cmd_run(args) -> int:
     from agent.supervisor import Supervisor, WorkerRefused, serve_supervisor_metrics
 
     setup_logs()        # plain on a terminal, the OSC MDC JSON lines in a pod (agent.logs)
+    with contextlib.suppress(ValueError, OSError, AttributeError):   # a stderr with no descriptor (in-process)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)   # `kill -USR1`: every thread's stack on stderr
     try:
         cfg = build_config(args)
     except ValueError as exc:
@@ -240,8 +246,7 @@ def cmd_run(args) -> int:
     except ConfinementError as exc:
         print(f"weaver-agent: refusing to train: {exc}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, lambda *_: sup.stop())
-    signal.signal(signal.SIGINT, lambda *_: sup.stop())
+    _stop_on_signals(sup)
     try:
         hello = sup.start()
     except WorkerRefused as exc:
@@ -260,11 +265,11 @@ def cmd_run(args) -> int:
     d = sup.device
     units = f"{d.sm_count} SMs" if d.kind == "cuda" else f"{d.cores if d.core_share < 1 else d.sm_count:g} cores"
     bound = sup.confinement + (f" ({sup.confinement_why})" if sup.confinement_why else "")
-    print(f"weaver-agent: site {cfg.lease.site_id}, device {d.kind} {d.name} ({units}), job {hello['job']}, "
-          f"{hello['params']} params, mode {hello['mode']} ({hello['mode_evidence']}), broker {cfg.lease.broker}, "
-          f"worker pid {sup.worker.pid} bound by {bound}"
-          + (f" meter {sup.cgroup.meter_path()}" if sup.cgroup else "")
-          + f", metrics on {metrics_addr}, inspect on {addr}", flush=True)
+    announce(f"weaver-agent: site {cfg.lease.site_id}, device {d.kind} {d.name} ({units}), job {hello['job']}, "
+             f"{hello['params']} params, mode {hello['mode']} ({hello['mode_evidence']}), broker {cfg.lease.broker}, "
+             f"worker pid {sup.worker.pid} bound by {bound}"
+             + (f" meter {sup.cgroup.meter_path()}" if sup.cgroup else "")
+             + f", metrics on {metrics_addr}, inspect on {addr}")
     try:
         sup.run(max_seconds=args.max_seconds)
     finally:
@@ -275,6 +280,27 @@ def cmd_run(args) -> int:
         print(f"weaver-agent: {sup.worker_exit}", file=sys.stderr)
         return 1
     return 0
+
+
+def _stop_on_signals(sup) -> None:
+    """SIGTERM / SIGINT stop the supervisor, from a thread of their own. A Python handler runs on the main
+    thread between two bytecodes, possibly inside a lock that thread holds: one that set the stop Event there
+    deadlocked on the Event's own lock when a second SIGTERM came during the first one's `set` (a SIGKILLed
+    `weaver up`: the kernel's SIGTERM, then the group's), and the agent never stopped. The handler only
+    writes a byte (async-signal-safe, no lock); the thread that reads it stops the supervisor."""
+    r, w = os.pipe()          # not inherited by the worker (PEP 446)
+    os.set_blocking(w, False)
+
+    def on_signal(*_) -> None:
+        with contextlib.suppress(OSError):   # a full pipe: a stop is already on its way
+            os.write(w, b"s")
+
+    def wait() -> None:
+        os.read(r, 1)
+        sup.stop()
+    threading.Thread(target=wait, name="signals", daemon=True).start()
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -297,6 +323,7 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--checkpoint-dir")
     run.add_argument("--inspect-addr", help="localhost address for AgentInspect (port 0 = any free port)")
     run.add_argument("--metrics-addr", help="localhost address for Prometheus /metrics ('' = off)")
+    run.add_argument("--tier-host", help="the site's interface for the cross-site tier (its gate binds it)")
     run.add_argument("--max-seconds", type=float, help="stop after this long (tests, demos)")
     run.add_argument("--job", help="training job package.module:factory (default: the shipped char-GPT)")
     run.add_argument("--job-arg", action="append", default=[], metavar="K=V", help="factory argument (repeatable)")

@@ -129,9 +129,12 @@ class ConfinementConfig:
     memory_mb: int = 16384       # the worker tree's memory limit (0 = none)
     startup_cores: float = 0.0   # while the job is built, before any lease (0 = the stand-in's cores)
     shutdown_cores: float = 0.0  # for the final checkpoint after the last lease (0 = a tenth of them, >= 0.05)
-    # the supervisor's own CPU bound in a sibling cgroup; 0 = measured and reported, not bounded (the default:
-    # with it on, one supervisor in about three `weaver up` runs never registered nor answered Status)
-    supervisor_cores: float = 0.0
+    # the supervisor's own CPU bound, in a sibling cgroup of the worker's (0 = measured and reported only); it
+    # uses 0.02-0.08 core on average (heartbeats, the lease stream, inspection, metrics)
+    supervisor_cores: float = 0.5
+    # the least time between two writes of the worker's CPU quota (agent.supervisor.LeaseGate: each write
+    # refills a period's quota and forgives the tree's overrun); one metered window
+    quota_spacing_ms: float = 100.0
 
     def __post_init__(self) -> None:
         from agent.confine import parse_cpu_list
@@ -141,11 +144,14 @@ class ConfinementConfig:
             except ValueError:
                 raise ValueError(f"ConfinementConfig.{name} must be a cpu list like '0-3,6', got "
                                  f"{getattr(self, name)!r}") from None
-        for name in ("worker_cores", "startup_cores", "shutdown_cores", "supervisor_cores"):
+        for name in ("worker_cores", "startup_cores", "shutdown_cores", "supervisor_cores", "quota_spacing_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ConfinementConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.memory_mb < 0:
             raise ValueError(f"ConfinementConfig.memory_mb must be >= 0, got {self.memory_mb}")
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 @dataclass(frozen=True)
@@ -160,7 +166,17 @@ class AgentConfig:
     cores: float = 0              # CPU cores offered to leases (may be fractional); 0 = os.cpu_count()
     checkpoint_dir: str = "checkpoints"
     inspect_addr: str = "127.0.0.1:50061"  # AgentInspect gRPC server (localhost only; port 0 = any)
-    metrics_addr: str = "127.0.0.1:9466"   # Prometheus /metrics over HTTP; "" = off
+    metrics_addr: str = "127.0.0.1:9466"   # Prometheus /metrics over HTTP (localhost only); "" = off
+    # the interface of the cross-site tier: in a gated tier its gate is the site's one tier listener there
+    # (agent.crosssite.gate); the Manager, store and state server stay on loopback
+    tier_host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        # neither is authenticated: the site host's own tools and scraper reach them, no one else
+        for name in ("inspect_addr", "metrics_addr"):
+            addr = getattr(self, name)
+            if addr and addr.rpartition(":")[0] not in LOOPBACK:
+                raise ValueError(f"AgentConfig.{name} must be a localhost address (127.0.0.1, ::1), got {addr!r}")
 
     def to_dict(self, *, secrets: bool = False) -> dict:
         """Plain data, for checkpoints and display: the broker credential is blanked unless `secrets`."""

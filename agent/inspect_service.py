@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from agent.config import LOOPBACK
 from schemas.proto.weaver.v1 import lease_pb2, lease_pb2_grpc
 
 if TYPE_CHECKING:   # a SiteAgent in tests, the agent.supervisor.Supervisor in `weaver-agent run`
@@ -104,7 +105,7 @@ def serve_inspect(agent: SiteAgent, addr: str = "127.0.0.1:0",
                   max_watchers: int = MAX_WATCHERS) -> tuple[grpc.Server, str]:
     """Start the server; returns it and the address it listens on (the real port when 0 was asked)."""
     host, _, port = addr.rpartition(":")
-    if host not in ("127.0.0.1", "localhost", "::1", "[::1]"):
+    if host not in LOOPBACK:
         raise ValueError(f"the inspection service listens on localhost only, got {addr!r}")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_watchers + UNARY_THREADS,
                                                     thread_name_prefix="inspect"),

@@ -357,10 +357,11 @@ class SiteAgent:
         if c.eval_every and self.trainer.step >= self._next_eval_step:
             self._next_eval_step = self.trainer.step + c.eval_every
             self._evaluating, self._eval_sum = c.eval_samples, 0.0
-        if c.checkpoint_every and self.trainer.step >= self._next_ckpt_step:
+        if c.checkpoint_every and not self._checkpoint_due and self.trainer.step >= self._next_ckpt_step:
             # Written at the next idle moment, not here: a checkpoint is host I/O (tens of ms with the
-            # fsync) and must not be counted into, or overrun, a lease window.
-            self._next_ckpt_step = self.trainer.step + c.checkpoint_every
+            # fsync) and must not be counted into, or overrun, a lease window. The next one is due
+            # checkpoint_every steps after the step it holds (`_checkpoint`), so a write delayed by a busy
+            # stretch never brings the next one closer.
             self._checkpoint_due = True
             self.reserve_host("checkpoint")
 
@@ -391,6 +392,8 @@ class SiteAgent:
         state["agent"] = {"site_id": self.config.lease.site_id, "agent_config": self.config.to_dict()}
         info = self.store.save(state, state["train_state"]["step"])
         self.last_checkpoint = info
+        if self.config.train.checkpoint_every:
+            self._next_ckpt_step = info.step + self.config.train.checkpoint_every
         return info
 
     def _serve_checkpoint_requests(self) -> None:

@@ -39,6 +39,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from agent import worker_link as wl
+from agent.config import LOOPBACK
 from agent.confine import (
     ConfinementError,
     WorkerCgroup,
@@ -86,12 +87,27 @@ class LeaseGate:
 
     `cores_for(terms)`: the CPU a lease allows the worker tree. A CPU stand-in's leased cores are the
     lease's share of the whole stand-in (duty = sm_count / gpu_sms, as the broker grants it); on a GPU the
-    worker's host cores."""
+    worker's host cores.
 
-    def __init__(self, device: DeviceFacts, worker_cores: float) -> None:
+    Quota writes are spaced `spacing_s` apart (one metered window). The kernel answers every write of a
+    CFS quota by refilling the period's quota and forgiving each CPU's overrun (`tg_set_cfs_bandwidth`):
+    measured here, rewriting the same bound every 20 ms let a busy tree run 16 ms a 100 ms window beyond
+    it, every 100 ms 6 ms, never 4 ms. So a larger quota waits for the spacing (the tree runs on at the
+    smaller one), and a smaller one that comes too soon freezes the tree until it may be written: no
+    window sees two writes, and none runs above the lease it holds."""
+
+    def __init__(self, device: DeviceFacts, worker_cores: float, spacing_s: float = 0.1) -> None:
         self.device = device
         self.worker_cores = worker_cores
+        self.spacing_s = spacing_s
         self.held: LeaseTerms | None = None
+        self.applied: float | None = None       # the quota last written (cores)
+        self.applied_at = -math.inf
+        self.pending: float | None = None       # the quota the held lease allows, written at `pending_at`
+
+    @property
+    def pending_at(self) -> float:
+        return self.applied_at + self.spacing_s
 
     def cores_for(self, t: LeaseTerms) -> float:
         if self.device.kind == "cpu":
@@ -103,23 +119,40 @@ class LeaseGate:
         if t.sm_count == 0 or t.expires_at <= now or self.cores_for(t) <= 0:
             return self.end(now, t.lease_id, "empty" if t.sm_count == 0 else "expired")
         self.held = t
-        return Run(self.cores_for(t))
+        want = self.cores_for(t)
+        if want == self.applied or now >= self.pending_at:
+            return self._write(want, now)
+        self.pending = want
+        if self.applied is not None and self.applied < want:
+            return Run(self.applied)            # the smaller quota holds until the larger may be written
+        return Freeze("", "spacing")            # nothing above the new lease, until its quota is written
+
+    def _write(self, cores: float, now: float) -> Run:
+        if cores != self.applied:
+            self.applied, self.applied_at = cores, now
+        self.pending = None
+        return Run(cores)
 
     def end(self, now: float, lease_id: str = "", reason: str = "revoked") -> Freeze | None:
         """A revocation of `lease_id` ("" = all) or a lost stream. None: it names a lease already ended."""
         held = self.held
         if lease_id and held is not None and lease_id != held.lease_id:
             return None
-        self.held = None
+        self.held, self.pending = None, None
         return Freeze(held.lease_id if held else "", reason)
 
-    def expired(self, now: float) -> Freeze | None:
+    def expired(self, now: float) -> Freeze | Run | None:
+        """What is due at `now`: the hard end of the held lease, or its quota held back by the spacing."""
         if self.held is not None and now >= self.held.expires_at:
             return self.end(now, "", "expired")
+        if self.pending is not None and now >= self.pending_at:
+            return self._write(self.pending, now)
         return None
 
     def next_deadline(self) -> float | None:
-        return self.held.expires_at if self.held else None
+        if self.held is None:
+            return None
+        return min(self.held.expires_at, self.pending_at) if self.pending is not None else self.held.expires_at
 
 
 class WorkerRefused(RuntimeError):
@@ -264,7 +297,8 @@ class Supervisor:
             raise wl.LinkError(f"the worker's first message was {hello['t']!r}, not hello")
         self.hello = hello
         self.device = DeviceFacts(**hello["device"])
-        self.gate = LeaseGate(self.device, self.cfg.confine.worker_cores or float(len(self._worker_cpus())))
+        self.gate = LeaseGate(self.device, self.cfg.confine.worker_cores or float(len(self._worker_cpus())),
+                              spacing_s=self.cfg.confine.quota_spacing_ms / 1e3)
         self._freeze("", "")                    # no lease yet
         self.client = LeaseClient(self.cfg.lease, self.device, mode=hello["mode"])
         self.client.job, self.client.mode_evidence = hello["job"], hello["mode_evidence"]
@@ -542,6 +576,8 @@ def serve_supervisor_metrics(sup: Supervisor, addr: str = "127.0.0.1:0"):
 
     from agent.metrics import _Quiet, _Server
     host, _, port = addr.rpartition(":")
+    if host not in LOOPBACK:   # as AgentInspect: the site host's own scraper
+        raise ValueError(f"the agent's /metrics listens on localhost only, got {addr!r}")
 
     def app(environ, start_response):
         if environ.get("PATH_INFO") != "/metrics":

@@ -11,10 +11,12 @@ kernel decides when it runs: frozen with no lease, held to the lease's cores whi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -174,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from agent.logs import setup as setup_logs
     setup_logs()
+    import faulthandler
+    with contextlib.suppress(ValueError, OSError, AttributeError):   # a stderr with no descriptor (in-process)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)   # as the supervisor: stacks on stderr
     sock = socket.socket(fileno=args.link_fd)
     from agent.cli import starting_mode
     from agent.config import AgentConfig

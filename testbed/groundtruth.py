@@ -36,6 +36,7 @@ import os
 import threading
 import time
 from array import array
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,14 +54,24 @@ def _read(path: str) -> str | None:
         return None
 
 
-def stat_cpu_s(pid: int) -> float | None:
-    """utime + stime of the whole process (all threads, exited ones included), in seconds; None if gone."""
+PF_EXITING = 0x4   # include/linux/sched.h: the task is in do_exit (its memory being torn down)
+
+
+def stat_fields(pid: int) -> tuple[float, bool] | None:
+    """(utime + stime in seconds, whether the process is exiting) of the whole process; None if gone."""
     text = _read(f"/proc/{pid}/stat")
     if text is None:
         return None
     # the command name (field 2) is in parentheses and may contain spaces: split after the last ')'
     rest = text[text.rfind(")") + 2:].split()
-    return (int(rest[11]) + int(rest[12])) / CLK_TCK  # fields 14, 15 (utime, stime)
+    exiting = rest[0] in ("Z", "X", "x") or bool(int(rest[6]) & PF_EXITING)   # fields 3 (state), 9 (flags)
+    return (int(rest[11]) + int(rest[12])) / CLK_TCK, exiting  # fields 14, 15 (utime, stime)
+
+
+def stat_cpu_s(pid: int) -> float | None:
+    """utime + stime of the whole process (all threads, exited ones included), in seconds; None if gone."""
+    f = stat_fields(pid)
+    return None if f is None else f[0]
 
 
 def _cpu_clock_id(pid: int) -> int:
@@ -117,6 +128,8 @@ class ProcCpuSampler:
     _pid_list: list[int] = field(default_factory=list, init=False, repr=False)
     _scanned: float = field(default=-math.inf, init=False, repr=False)
     _started: bool = field(default=False, init=False, repr=False)
+    read_at: float = field(default=0.0, init=False)   # monotonic instant of the last sample's clock reads
+    exiting: bool = field(default=False, init=False)  # a process read in the last sample was being torn down
 
     def __post_init__(self) -> None:
         self.source = ("process CPU clock (ns, every thread, exited ones included)" if cpu_clock_available()
@@ -145,8 +158,14 @@ class ProcCpuSampler:
         delta_ns = 0
         delta_stat = 0.0
         seen: dict[int, int] = {}
-        for p in self._pids():
-            s = stat_cpu_s(p)
+        pids = self._pids()
+        self.exiting = False
+        for p in pids:
+            f = stat_fields(p)
+            s = None if f is None else f[0]
+            # the tree's root only: a job's own short-lived children (loader workers) exit all the time, and
+            # their CPU is the job's like any other
+            self.exiting = self.exiting or (p == self.pid and f is not None and f[1])
             if s is not None:
                 prev = self._stat_last.get(p)
                 if prev is not None:
@@ -154,7 +173,11 @@ class ProcCpuSampler:
                 elif self._started:  # a new child: all its time so far is new
                     delta_stat += s
                 self._stat_last[p] = s
-            if use_ns:
+        # the clocks last, together, and the instant beside them: a file read releases the GIL (another
+        # thread of the world may run for a switch interval), a clock read does not, so `read_at` is when the
+        # figure was true, and a period's length is measured between two of them, not by the caller's clock
+        if use_ns:
+            for p in pids:
                 ns = process_cpu_ns(p)
                 if ns is None:
                     continue
@@ -164,8 +187,8 @@ class ProcCpuSampler:
                     delta_ns += max(ns - prev_ns, 0)
                 elif self._started:  # a child found since the last sample: count all of it
                     delta_ns += ns
-        if use_ns:
             self._last_ns = seen
+        self.read_at = time.monotonic()
         if not self._started:
             self._started = True
             return 0.0
@@ -201,6 +224,14 @@ class CgroupCpuSampler:
     @property
     def clock_cpu_s(self) -> float:
         return self._members.clock_cpu_s
+
+    @property
+    def read_at(self) -> float:
+        return self._members.read_at
+
+    @property
+    def exiting(self) -> bool:
+        return self._members.exiting
 
     def sample(self) -> float | None:
         meter = read_usage_ns(self.meter_path)
@@ -295,6 +326,12 @@ class AgentTruth:
     worker_pid: int = 0
     supervisor: ProcCpuSampler | None = field(init=False, default=None)
     supervisor_cpu_s: float = 0.0
+    # the periods around the worst one beyond the lease (2 before, it, 2 after), each with the lease the agent
+    # said it held and what it said about it: a rare overrun is diagnosed from the run's own summary
+    exit_teardown_sm_ms: float = 0.0   # beyond the lease while the worker was being torn down (see period)
+    recent: deque = field(default_factory=lambda: deque(maxlen=3))
+    worst_periods: list = field(default_factory=list)
+    _worst_after: int = 0
 
     def __post_init__(self) -> None:
         if self.meter_path:
@@ -305,14 +342,17 @@ class AgentTruth:
             self.sampler = ProcCpuSampler(self.pid)
         self.sampler.sample()
 
-    def period(self, period_s: float, lease_sms: float, connected: bool, cpu: float | None | bool = False) -> float:
+    def period(self, period_s: float, lease_sms: float, connected: bool, cpu: float | None | bool = False,
+               said: dict | None = None) -> float:
         """Sample one world period of `period_s` wall seconds (the time since the last sample); returns
-        the executed site SMs over it (unclamped: a multi-threaded agent may exceed the site GPU).
+        the site SMs the RAN is charged over it: what was executed (unclamped: a multi-threaded agent may
+        exceed the site GPU), except a dying worker's teardown beyond the lease (`exit_teardown_sm_ms`).
 
         `lease_sms`: the lease the agent reports holding now, at the period's end. The lease it may have
         held during the period is the larger of that and the one it reported at the period's start (a lease
         that arrived, or ended, within the period), and "beyond the lease" is measured against that.
-        `cpu`: a sample the caller already took for this period (default: sample now)."""
+        `cpu`: a sample the caller already took for this period (default: sample now); `said`: what the agent
+        reported with the lease (its id, validity), kept with the periods around the worst one."""
         if cpu is False:
             cpu = self.sampler.sample()
         if cpu is None:
@@ -325,11 +365,26 @@ class AgentTruth:
         self.executed_sm_s += sms * period_s
         held = max(lease_sms, self.prev_lease_sms)
         self.prev_lease_sms = lease_sms
+        if self.sampler.exiting and sms > held:
+            # the worker was killed (or ends) during this period: the kernel tearing its memory down runs on its
+            # CPU (47 ms for a 600 MB torch process, measured), work a GPU site's SMs never see (a dead context
+            # launches nothing). What ran beyond the lease then is kept apart, and the RAN is charged the lease
+            self.exit_teardown_sm_ms += (sms - held) * period_s * 1000.0
+            sms = held
         beyond = max(sms - held, 0.0)
         if beyond > 0:
             self.periods_beyond_lease += 1
         self.beyond_lease_sm_ms_total += beyond * period_s * 1000.0
         self.beyond_lease_sm_ms_max = max(self.beyond_lease_sm_ms_max, beyond * period_s * 1000.0)
+        row = {"t_unix": round(time.time(), 3), "dt_s": round(period_s, 4), "executed_sms": round(sms, 2),
+               "reported_lease_sms": lease_sms, "held_sms": held, "beyond_sms": round(beyond, 2),
+               "connected": connected, **(said or {})}
+        if self._worst_after:
+            self.worst_periods.append(row)
+            self._worst_after -= 1
+        if beyond > self.beyond_lease_sms_max:
+            self.worst_periods, self._worst_after = [*self.recent, row], 2
+        self.recent.append(row)
         self.beyond_lease_sms_max = max(self.beyond_lease_sms_max, beyond)
         self.idle.observe(sms, held, connected)
         self.last_sms = sms
@@ -357,6 +412,8 @@ class AgentTruth:
             "sm_ms_beyond_lease_max": self.beyond_lease_sm_ms_max,
             "sms_beyond_lease_max": self.beyond_lease_sms_max,
             "periods_beyond_lease": self.periods_beyond_lease,
+            "worst_periods": self.worst_periods,
+            "exit_teardown_sm_ms_beyond_lease": self.exit_teardown_sm_ms,
         }
 
 

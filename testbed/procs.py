@@ -4,11 +4,14 @@ Children run in their own session (process group) so that a Ctrl-C on the termin
 supervisor, which then stops them in a chosen order (xApp first so that leases are revoked, then the
 agents so that they write checkpoints, then the testbed) and kills whatever is left. Output lines are
 kept in a bounded ring per child and can be waited on (`wait_for_line`), which is how the supervisor
-learns where a child listens without guessing ports.
+learns where a child listens without guessing ports. A child gets SIGTERM when the supervisor dies, however
+it dies (PR_SET_PDEATHSIG; SIGKILL included): each stops as on a Ctrl-C (the xApp revokes its leases, an agent
+removes its cgroups) instead of running on as an orphan.
 """
 from __future__ import annotations
 
 import collections
+import ctypes
 import os
 import re
 import signal
@@ -17,6 +20,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1    # prctl(2)
+
+
+def _stop_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the thread that started it (the supervisor's loop) is gone."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class ChildFailed(RuntimeError):
@@ -94,7 +104,8 @@ class Supervisor:
         full_env.update(env or {})
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True, bufsize=1, env=full_env, cwd=cwd, start_new_session=True)
+                                text=True, bufsize=1, env=full_env, cwd=cwd, start_new_session=True,
+                                preexec_fn=_stop_with_parent)
         child = Child(name, argv, proc, (self.log_dir / f"{name}.log") if self.log_dir else None, env, cwd)
         threading.Thread(target=child._pump, args=(self.echo,), daemon=True, name=f"pump-{name}").start()
         self.children.append(child)

@@ -74,6 +74,32 @@ ARCHETYPES = ("residential", "business", "transport", "entertainment", "mixed")
 PHASES_H = (0.0, -9.0, -2.0, -5.0, -12.0)
 
 
+REDIS = ("127.0.0.1", 6379)   # the host's Redis, as `make test` provides it: the testbed's stand-in for DBaaS
+
+
+def run_sdl() -> tuple[dict[str, str], str]:
+    """The xApp's SDL for this run: (env, namespace). When a Redis answers on the host it is the RIC's DBaaS
+    here, with a namespace of this run's own, so the xApp's epoch, leases and ledger survive its restart (an
+    `xapp-kill` fault) as on a RIC; otherwise ({}, "") and the embedded in-process store (a restarted xApp
+    starts from epoch 1 with an empty ledger, and the start-up line says so)."""
+    import redis
+    try:
+        redis.Redis(*REDIS, socket_timeout=0.5, socket_connect_timeout=0.5).ping()
+    except (redis.RedisError, OSError):
+        return {}, ""
+    return {"DBAAS_SERVICE_HOST": REDIS[0], "DBAAS_SERVICE_PORT": str(REDIS[1])}, f"weaver-up-{secrets.token_hex(4)}"
+
+
+def drop_sdl_namespace(namespace: str) -> int:
+    """Remove this run's keys (ricsdl keeps them as `{namespace},key`); the run touches no other key."""
+    import redis
+    r = redis.Redis(*REDIS, socket_timeout=2)
+    keys = list(r.scan_iter(match="{" + namespace + "},*", count=1000))
+    if keys:
+        r.delete(*keys)
+    return len(keys)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -101,6 +127,9 @@ class UpConfig:
     # Coarse rounds: the transfer window (15 %) and the quorum are idle compute, and 3 agents + the
     # Lighthouse share a few cores here. The Lighthouse's timeouts derive from it (heartbeat R/2, join 1.5 R).
     round_ms: int = 5000
+    # the interface of the cross-site tier's gates (the Lighthouse's and each agent's); their services stay on
+    # loopback. "" = `host`. Another loopback address (127.0.0.2) stands for a tier network in tests
+    tier_host: str = ""
     faults: tuple[Fault, ...] = ()
     fault_at_s: float = DEFAULT_AT_S
     record_series: bool = False   # keep per-period ground truth and the xApp's lease view (weaver bench safety)
@@ -145,6 +174,12 @@ class UpConfig:
             raise ValueError(f"--cells must be 1..16, got {self.cells}")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ValueError("--duration must be positive")
+        if self.tier_host:
+            import ipaddress
+            try:
+                ipaddress.ip_address(self.tier_host)
+            except ValueError:
+                raise ValueError(f"--tier-host must be an IP address, got {self.tier_host!r}") from None
         if not 200 <= self.round_ms <= 600_000:
             raise ValueError(f"--round-ms must be 200..600000, got {self.round_ms}")
         check_sites(self.faults, self.sites)
@@ -217,6 +252,16 @@ def agent_confinement() -> tuple[bool, str]:
     if r.returncode == 0:
         return True, f"cgroup v{r.stdout.strip()}"
     return False, (r.stderr.strip().splitlines() or ["no cgroup"])[-1].split("ConfinementError: ")[-1]
+
+
+def sweep_agent_cgroups() -> str:
+    """Remove the cgroup subtrees of agents that are gone without removing their own (one SIGKILLed when it
+    did not stop in time): agent.confine.sweep_stale, which touches only `weaver-agent-<pid>` of dead pids.
+    Returns what it removed, one path a line."""
+    r = subprocess.run([str(agent_python()), "-c", "from agent.confine import detect, sweep_stale; "
+                        "print('\\n'.join(map(str, sweep_stale(detect()))))"],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return r.stdout.strip()
 
 
 def kernel_guard_sms(gpu_sms: int, granularity: int, cores: float, period_s: float, cpus: int | None = None) -> int:
@@ -328,6 +373,7 @@ def xapp_controls(cfg: UpConfig, sim, ports: dict[str, int], lighthouse_addr: st
     c["submgr"].update(url=sim.ric.submgr_url, client_host=cfg.host, http_port=ports["rest"], rmr_port=ports["rmr"])
     c["rmr"].update(port=ports["rmr"], route_table=str(sim.ric.route_file))
     c["broker"]["listen"] = f"{cfg.host}:{ports['broker']}"
+    c["rest"]["host"] = cfg.host     # every listener of the run on its interface (127.0.0.1 by default)
     # the job every site trains: an agent that registers another one is refused (without --job, any: the
     # agents train the agent venv's default, which this venv cannot name without a copy of it)
     c["broker"]["job"] = cfg.agent_job
@@ -377,6 +423,10 @@ class World:
         self.probe_end_unix: float | None = None
         self.log_dir: Path | None = None      # the run's logs (the xApp's, for its revoke instants)
         self.end_revoke: dict | None = None   # the xApp's SIGTERM at the end of a traced run (`end_revoke`)
+        self.ended_by = ""                     # the component whose death ended the run ("" = none)
+        # seconds from the start of run_up to each start-up milestone; "agents_not_connected" names the
+        # agents the world stopped waiting for (a slow start shows here, not as a silent two-minute wait)
+        self.startup: dict = {}
         self.last_misses_training = np.zeros(n, dtype=int)
         self.xapp_waterfall: list = [None, None]   # GET /api/v1/waterfall at the first period and at the end
 
@@ -649,9 +699,11 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
     sim_cfg = SimConfig(n_sites=cfg.sites, n_cells=cfg.cells, seed=cfg.seed, host=cfg.host, e2term_port=0,
                         submgr_http_port=0, xapps=(f"{cfg.host}:{ports['rmr']}",), route_dir=str(run_dir), speed=1.0,
                         node_overrides=cfg.node_overrides)   # the scenario file's node settings
+    t_start = time.monotonic()
     sim = await Simulation.start(sim_cfg, scenario=scenario)
     sup = Supervisor(log_dir=run_dir / "logs")
     world = World(sim, cfg)
+    world.startup["world_s"] = round(time.monotonic() - t_start, 2)
     world.log_dir = run_dir / "logs"
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -664,27 +716,35 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
     proxies: dict[int, TcpProxy] = {}
     injector: FaultInjector | None = None
     probe: AgentProbe | None = None
+    sdl_namespace = ""
     try:
-        lighthouse = ""
+        lighthouse = lighthouse_inner = ""
+        broker_secret = secrets.token_hex(32)   # this run's; in no file, only in the xApp's (and Lighthouse's) env
+        token_env = xapp_controls(cfg, sim, ports)["controls"]["broker"].get("token_env")
         if cfg.cross_site:
+            # gated (agent.crosssite.gate) when the broker has a secret: the Lighthouse answers only admitted sites
+            gated = ["--secret-env", "WEAVER_TIER_SECRET", "--bind-host", cfg.tier_host or cfg.host] if token_env else []
             lh = sup.start("lighthouse", [str(agent_python()), "-m", "agent.crosssite.lighthouse",
-                                          "--port", str(free_port()), "--round-ms", str(cfg.round_ms)],
-                           env={"PYTHONPATH": str(ROOT)})
-            lighthouse = (await asyncio.to_thread(lh.wait_for_line, r"lighthouse (http://\S+)", 60)).group(1)
+                                          "--port", str(free_port()), "--round-ms", str(cfg.round_ms), *gated],
+                           env={"PYTHONPATH": str(ROOT), **({"WEAVER_TIER_SECRET": broker_secret} if gated else {})})
+            m = await asyncio.to_thread(lh.wait_for_line, r"lighthouse (\w+://\S+)(?: inner (\S+))?", 60)
+            lighthouse, lighthouse_inner = m.group(1), m.group(2) or ""
         config_path = run_dir / "config-file.json"
-        config_path.write_text(json.dumps(xapp_controls(cfg, sim, ports, lighthouse, int(time.time() * 1000)),
-                                          indent=2))
+        controls = xapp_controls(cfg, sim, ports, lighthouse, int(time.time() * 1000))
+        sdl_env, sdl_namespace = await asyncio.to_thread(run_sdl)
+        if sdl_namespace:
+            controls["controls"]["sdl"]["namespace"] = sdl_namespace
+        config_path.write_text(json.dumps(controls, indent=2))
         xenv = {"CONFIG_FILE": str(config_path), "RMR_SEED_RT": str(sim.ric.route_file), "RMR_RTG_SVC": "-1",
-                "RMR_SRC_ID": cfg.host, "PYTHONPATH": str(ROOT),
+                "RMR_SRC_ID": cfg.host, "RMR_BIND_IF": cfg.host, "PYTHONPATH": str(ROOT), **sdl_env,
                 "WEAVER_LOG_FORMAT": "plain"}    # RMR_* would pick the RIC's JSON lines; xapp_revokes reads plain ones
         from xapp.agents import site_credential
-        broker_secret = secrets.token_hex(32)   # this run's; in no file, only in the xApp's environment
-        token_env = json.loads(config_path.read_text())["controls"]["broker"].get("token_env")
         if token_env:
             xenv[token_env] = broker_secret
         xapp = sup.start("xapp", [sys.executable, "-m", "xapp", "--config", str(config_path),
                                   *(["--record", str(cfg.record)] if cfg.record else [])], env=xenv)
         await asyncio.to_thread(xapp.wait_for_line, r"weaver-xapp: ready", 90)
+        world.startup["xapp_ready_s"] = round(time.monotonic() - t_start, 2)
         agents: list[AgentView] = []
         aenv = {"PYTHONPATH": agent_pythonpath(), **agent_env(cfg.faults)}
         for i in range(cfg.sites):  # each agent dials the broker through its own proxy (where network faults act)
@@ -693,13 +753,15 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                     "--site-id", site_name(i), "--agent-id", f"agent-{i}", "--preset", cfg.agent_preset,
                     "--checkpoint-dir", str(run_dir / f"agent-{i}"), "--inspect-addr", f"{cfg.host}:0",
                     "--metrics-addr", f"{cfg.host}:0", "--mode", "gpu",  # train only under leases, never unleased
-                    "--cores", f"{cfg.cores_per_agent:g}", *([] if bound else ["--cooperative"])]
+                    "--cores", f"{cfg.cores_per_agent:g}", "--tier-host", cfg.tier_host or cfg.host,
+                    *([] if bound else ["--cooperative"])]
             # No --phase: the kernel holds each worker to its lease's cores over 5 ms CFS periods, so stand-ins
             # sharing the host's cores run side by side at their quotas; a phase slot (their turn-taking when
             # nothing but their manners bounded them) cannot hold a window's budget at that rate.
             if cfg.agent_job:
                 argv += ["--job", cfg.agent_job, *(a for kv in cfg.agent_job_args for a in ("--job-arg", kv))]
-            cred = {"WEAVER_AGENT_TOKEN": site_credential(broker_secret, site_name(i))} if token_env else {}
+            cred = ({"WEAVER_AGENT_TOKEN": site_credential(broker_secret, site_name(i), int(time.time()) + 86400)}
+                    if token_env else {})   # a day's credential: the agent registers with proofs of it
             sup.start(f"agent:{i}", argv, env={**aenv, **cred})   # env, not argv: ps shows every argv
         truths = []
         for i in range(cfg.sites):
@@ -710,6 +772,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             truths.append(AgentTruth(i, sup.get(f"agent:{i}").proc.pid, float(world.gpu[i]), cfg.cores_per_agent,
                                      meter_path=(w.group(2) or "") if w else "",
                                      worker_pid=int(w.group(1)) if w else 0))
+        world.startup["agents_up_s"] = round(time.monotonic() - t_start, 2)
         probe = AgentProbe(agents)
         world.truths = truths
         # The world's first period waits until every agent is connected to the broker: an agent builds its
@@ -721,6 +784,12 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             if all(a.last.get("connected") for a in agents):
                 break
             await asyncio.sleep(0.1)
+        world.startup["agents_connected_s"] = round(time.monotonic() - t_start, 2)
+        late = [site_name(a.site) for a in agents if not a.last.get("connected")]
+        world.startup["agents_not_connected"] = late
+        if late:
+            out(f"weaver up: {', '.join(late)} not connected to the broker after 120 s; the world starts without "
+                f"waiting longer (see {run_dir / 'logs'})")
         for tr in truths:
             tr.startup_cpu_s = tr.sampler.sample() or 0.0
         rest = f"http://{cfg.host}:{ports['rest']}"
@@ -732,11 +801,17 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             + " ".join(f"{site_name(a.site)}={a.addr}" for a in agents))
         out(f"weaver up: submgr     {sim.ric.submgr_url}/subscriptions")
         if lighthouse:
-            out(f"weaver up: lighthouse {lighthouse}  (cross-site rounds of {cfg.round_ms} ms; transfer windows "
+            out(f"weaver up: lighthouse {lighthouse}"
+                + (f" (its gate; the Lighthouse itself on {lighthouse_inner})" if lighthouse_inner else "")
+                + f"  (cross-site rounds of {cfg.round_ms} ms; transfer windows "
                 f"{rest}/api/v1/transfers, rounds {rest}/api/v1/rounds)")
         else:
             out("weaver up: lighthouse none (--no-cross-site: each site trains alone)")
         out(f"weaver up: run dir    {run_dir} (logs, config, checkpoints)")
+        out("weaver up: sdl        " + (f"redis {REDIS[0]}:{REDIS[1]} namespace {sdl_namespace} (the xApp's epoch, "
+                                         "leases and ledger survive its restart; removed at the end)" if sdl_namespace
+                                         else "embedded in the xApp (no Redis answered on "
+                                              f"{REDIS[0]}:{REDIS[1]}: a restarted xApp starts from epoch 1)"))
         if not bound:
             out(f"weaver up: confinement none ({why}): the agents run --cooperative, bounded by their own "
                 f"accounting only; guard {cfg.guard_sms} SMs")
@@ -788,7 +863,13 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             # a period run back to back to catch up (the loop fell behind) is too short to measure on its own:
             # it is charged with the last measurement and the next sample covers it
             fresh = dt >= 0.5 * sim.period_s
+            before = [tr.sampler.read_at for tr in truths]
             cpu = [tr.sampler.sample() for tr in truths] if fresh else []
+            # each site's period runs between its own two clock reads (groundtruth.ProcCpuSampler.read_at):
+            # the loop's clock and a read a few ms later (the GIL handed to another thread between them) would
+            # charge one period with another's CPU
+            dts = [(tr.sampler.read_at - b if tr.sampler.read_at - b > 0.05 * dt else dt)
+                   for tr, b in zip(truths, before, strict=True)] if fresh else []
             if fresh:
                 last_sample = now
             await probe.poll(PROBE_WAIT_PERIODS * sim.period_s)   # never the agents' pace, at most this
@@ -796,14 +877,17 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             for a in agents:  # what each agent process really executed is what the RAN must live with
                 reported[a.site] = float(a.last.get("lease_sms", 0) or 0)
                 truth = truths[a.site]
-                sms = (truth.period(dt, reported[a.site], bool(a.last.get("connected")), cpu=cpu[a.site])
+                sms = (truth.period(dts[a.site], reported[a.site], bool(a.last.get("connected")), cpu=cpu[a.site],
+                                    said={"lease_id": a.last.get("lease_id", ""),
+                                          "lease_remaining_ms": a.last.get("lease_remaining_ms", 0),
+                                          "status_age_s": round(time.monotonic() - a.seen_at, 3)})
                        if fresh else truth.last_sms)
                 # the model takes at most the site's GPU (a multi-threaded agent can exceed one core's worth);
                 # the unclamped figure is what sm_seconds_executed and sm_ms_beyond_lease count
                 sim.model.set_training_sms(a.site, min(sms, float(world.gpu[a.site])))
                 if cfg.record_series and fresh:
                     world.series.append([time.time(), a.site, sms, reported[a.site], a.last.get("lease_id", ""),
-                                         a.last.get("lease_hard_end_unix_ms", 0), dt,
+                                         a.last.get("lease_hard_end_unix_ms", 0), dts[a.site],
                                          a.last.get("lease_valid_for_ms", 0), 0])
             report = await sim.step()
             world.account(report, reported)
@@ -834,8 +918,11 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                     except Exception:  # the next poll merges what this one missed
                         pass
                 out(_fmt_line(loop.time() - t0, cfg.duration_s, world, agents, xsites, rounds))
-                for c in sup.failed():  # a child a fault stopped on purpose is not a failure
-                    raise ChildFailed(f"{c.name} exited ({c.proc.returncode}); see {run_dir / 'logs'}")
+                failed = sup.failed()   # a child a fault stopped on purpose is not a failure
+                if failed:   # the run ends, and its figures up to now are the summary (with the cause)
+                    world.ended_by = "; ".join(f"{c.name} exited ({c.proc.returncode})" for c in failed)
+                    out(f"weaver up: {world.ended_by}: the run ends here (see {run_dir / 'logs'}); its figures follow")
+                    break
             wait = t0 + n * sim.period_s - loop.time()
             if wait > 0:
                 try:
@@ -884,6 +971,15 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         if probe is not None:
             probe.close()
         await asyncio.to_thread(shutdown, sup, 20.0)
+        if bound:   # an agent killed at the end of its grace left its cgroups: nothing of the run stays
+            swept = await asyncio.to_thread(sweep_agent_cgroups)
+            if swept:
+                out(f"weaver up: removed the cgroups of agents that did not stop in time: {swept.replace(chr(10), ', ')}")
+        if sdl_namespace:
+            try:
+                await asyncio.to_thread(drop_sdl_namespace, sdl_namespace)
+            except Exception as exc:  # noqa: BLE001 - a Redis gone by now leaves keys, not a failed run
+                out(f"weaver up: could not remove SDL namespace {sdl_namespace}: {exc}")
         for p in proxies.values():
             await p.close()
         await sim.close()
@@ -1027,6 +1123,8 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
             "final_grant_sms": x.get("grant_sms"),
             "policy_inputs": policy_inputs_summary(x.get("policy_inputs")),
             "sm_seconds_used_in_lease": t.used_in_lease_sm_s,   # ground truth: executed within the held lease
+            # the platform's figure of merit: usable spare the worker really executed inside its lease
+            "used_in_lease_over_usable": t.used_in_lease_sm_s / t.usable_spare_sm_s if t.usable_spare_sm_s > 0 else 0.0,
             "waterfall": site_waterfall(world, i),
         }
         if rounds is not None:
@@ -1038,6 +1136,8 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
                 "sm_ms_beyond_lease_total", "slots", "tokens_trained", "steps")
     totals = {k: sum(s[k] for s in sites.values()) for k in keys_sum}
     totals["sm_ms_beyond_lease_max"] = max((s["sm_ms_beyond_lease_max"] for s in sites.values()), default=0.0)
+    totals["sms_beyond_lease_max"] = max((s["ground_truth"].get("sms_beyond_lease_max", 0.0) for s in sites.values()),
+                                         default=0.0)   # the worst period of any site, to set beside the guard
     totals["utilization"] = totals["sm_seconds_used"] / totals["usable_spare_sm_s"] if totals["usable_spare_sm_s"] else 0.0
     totals["deadline_miss_rate"] = totals["deadline_misses"] / totals["slots"] if totals["slots"] else 0.0
     starts = [s["val_loss_start"] for s in sites.values() if not math.isnan(s["val_loss_start"])]
@@ -1045,6 +1145,10 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
     totals["val_loss_start"] = float(np.mean(starts)) if starts else math.nan
     totals["val_loss_end"] = float(np.mean(ends)) if ends else math.nan
     totals["sm_seconds_used_in_lease"] = sum(s["sm_seconds_used_in_lease"] for s in sites.values())
+    totals["used_in_lease_over_usable"] = (totals["sm_seconds_used_in_lease"] / totals["usable_spare_sm_s"]
+                                           if totals["usable_spare_sm_s"] else 0.0)
+    totals["used_in_lease_over_usable_worst_site"] = min((s["used_in_lease_over_usable"] for s in sites.values()),
+                                                         default=0.0)
     wfs = {k: s["waterfall"] for k, s in sites.items() if s["waterfall"] is not None}
     totals["waterfall"] = waterfall.total(wfs) if len(wfs) == len(sites) else None
     totals["tokens_per_s"] = totals["tokens_trained"] / elapsed if elapsed > 0 else 0.0
@@ -1064,7 +1168,9 @@ def build_summary(cfg: UpConfig, world: World, agents: list[AgentView], xsites: 
            "policy": cfg.policy, "seed": cfg.seed, "duration_s": round(elapsed, 3), "period_ms": cfg.period_ms,
            "partition": partition_note(world.sim.model.scenario), "guard_sms": cfg.guard_sms,
            "ground_truth": GROUND_TRUTH_NOTE, "sites": sites, "totals": totals, "cross_site": cross,
-           "faults": list(world.injector.timeline) if world.injector is not None else []}
+           "faults": list(world.injector.timeline) if world.injector is not None else [],
+           "ended_by": world.ended_by,   # "" = the run's own end; else the component whose death ended it
+           "startup": dict(world.startup)}
     if cfg.record_series:
         out["series"] = {"columns": ["t_unix", "site", "executed_sms", "reported_lease_sms", "lease_id",
                                      "lease_hard_end_unix_ms", "dt_s", "lease_valid_for_ms",
@@ -1152,6 +1258,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the xApp records every control-loop step to FILE (weaver-xapp --record); "
                              "`python -m testbed.bench.replay FILE` replays it through the bench's loop driver")
     parser.add_argument("--round-ms", type=int, default=5000, help="cross-site round length (default 5000)")
+    parser.add_argument("--tier-host", default="", metavar="ADDR",
+                        help="the interface of the cross-site tier's gates (default: --host's)")
     parser.add_argument("--no-cross-site", action="store_true",
                         help="start no Lighthouse: each site trains alone")
     parser.add_argument("--fault", action="append", default=[], metavar="KIND[:param=value,...]",
@@ -1176,7 +1284,7 @@ def run(args) -> int:
                        agent_job=args.job or "", agent_job_args=tuple(args.job_arg),
                        agent_cores=args.agent_cores, guard_sms=args.guard,
                        run_dir=Path(args.run_dir) if args.run_dir else None,
-                       cross_site=not args.no_cross_site, round_ms=args.round_ms,
+                       cross_site=not args.no_cross_site, round_ms=args.round_ms, tier_host=args.tier_host,
                        faults=parse_faults(args.fault, args.fault_at), fault_at_s=args.fault_at,
                        record=Path(args.record).resolve() if args.record else None)
     except ValueError as exc:
@@ -1190,8 +1298,11 @@ def run(args) -> int:
     if summary:
         t = summary["totals"]
         print(f"weaver up: done ({summary['scenario']}) in {summary['duration_s']:.0f}s - usable spare {t['usable_spare_sm_s']:.1f} SM·s, "
-              f"used {t['sm_seconds_used']:.1f} ({t['utilization']:.0%}), executed {t['sm_seconds_executed']:.1f} "
-              f"(lease held {t['sm_seconds_held_by_agent']:.1f}, beyond it {t['sm_ms_beyond_lease_total'] / 1000:.1f}), "
+              f"used in lease {t['sm_seconds_used_in_lease']:.1f} ({t['used_in_lease_over_usable']:.0%}, worst site "
+              f"{t['used_in_lease_over_usable_worst_site']:.0%}; agents reported {t['sm_seconds_used']:.1f}), "
+              f"executed {t['sm_seconds_executed']:.1f} "
+              f"(lease held {t['sm_seconds_held_by_agent']:.1f}, beyond it {t['sm_ms_beyond_lease_total'] / 1000:.1f}, worst "
+              f"period {t['sms_beyond_lease_max']:.1f} SMs beyond, guard {summary['guard_sms']}), "
               f"misses {t['deadline_misses']} "
               f"(training {t['deadline_misses_attributable_to_training']}), tokens {t['tokens_trained']}, "
               f"val loss {t['val_loss_start']:.3f} -> {t['val_loss_end']:.3f}", flush=True)
@@ -1214,4 +1325,7 @@ def run(args) -> int:
                   + ("" if f["applicable"] else " (not applied)") + (f": {f['note']}" if f["note"] else ""), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(_json_safe(summary), indent=2))
+        if summary["ended_by"]:
+            print(f"weaver up: ended early: {summary['ended_by']}", file=sys.stderr)
+            return 1
     return 0

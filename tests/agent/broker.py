@@ -13,6 +13,7 @@ from concurrent import futures
 
 import grpc
 
+from schemas.credential import parse_proof, proof_mac
 from schemas.proto.weaver.v1 import lease_pb2, lease_pb2_grpc
 
 
@@ -114,7 +115,9 @@ class ScriptedBroker(lease_pb2_grpc.LeaseBrokerServicer):
             return
         if first.WhichOneof("body") != "register" or not first.register.site_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be Register with a site_id")
-        if self.token and first.register.token != self.token:
+        p = parse_proof(first.register.token)     # the agent proves its credential (`token` here), never sends it
+        if self.token and (p is None or p.mac != proof_mac(self.token, first.register.site_id,
+                                                            first.register.agent_id, p)):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad token")
         out: queue.Queue = queue.Queue()
         with self._lock:

@@ -34,8 +34,10 @@ def test_a_users_job_runs_only_inside_its_lease(tmp_path, job):
     assert sum(r.leased_ms) / len(r.leased_ms) > 0.5 * r.lease_ms, "it trained"
     assert max(r.revoked_ms) < NO_LEASE_MS, f"CPU with no lease: {r.revoked_ms}"
     assert r.rc == 0
-    # the supervisor is never in the worker's cgroup: its work is not the lease's (it is metered apart)
+    # the supervisor's own CPU is bounded apart, in a sibling cgroup of the worker's, never in the worker's
     assert not any(line.endswith("/worker") for line in r.supervisor_cgroups.splitlines())
+    assert any(line.split(":")[1] in ("cpu", "cpu,cpuacct", "") and line.endswith("/supervisor")
+               for line in r.supervisor_cgroups.splitlines())
 
 
 @pytest.mark.parametrize("job", JOBS, ids=lambda j: j.split(":make_")[1])

@@ -47,6 +47,33 @@ def test_empty_and_already_expired_leases_freeze():
     assert g.held is None
 
 
+def test_quota_writes_are_spaced_a_window_apart_and_no_lease_is_exceeded_meanwhile():
+    # every write refills a CFS period and forgives the tree's overrun: two in a window let it run beyond
+    g = LeaseGate(STANDIN, worker_cores=2.0, spacing_s=0.1)
+    share = lambda sm: 0.5 * sm / 132  # noqa: E731
+    assert g.grant(terms("L1", sm=40, duty=40 / 132), 0.0) == Run(pytest.approx(share(40)))
+    # a larger lease 30 ms later: the tree runs on at the smaller quota, the larger one is written at 0.1
+    assert g.grant(terms("L2", sm=80, duty=80 / 132, at=0.03, seq=2), 0.03) == Run(pytest.approx(share(40)))
+    assert g.next_deadline() == pytest.approx(0.1)
+    assert g.expired(0.09) is None
+    assert g.expired(0.1) == Run(pytest.approx(share(80)))
+    # a smaller one 20 ms after that write: frozen (nothing above 24 SMs may run) until 0.2, then written
+    assert g.grant(terms("L3", sm=24, duty=24 / 132, at=0.12, seq=3), 0.12) == Freeze("", "spacing")
+    assert g.expired(0.19) is None
+    assert g.expired(0.2) == Run(pytest.approx(share(24)))
+    # the same bound renewed is no write: it is applied at once, whenever it comes
+    assert g.grant(terms("L4", sm=24, duty=24 / 132, at=0.21, seq=4), 0.21) == Run(pytest.approx(share(24)))
+    assert g.pending is None and g.applied_at == pytest.approx(0.2)
+
+
+def test_a_revocation_drops_the_quota_waiting_for_its_spacing():
+    g = LeaseGate(STANDIN, worker_cores=2.0, spacing_s=0.1)
+    g.grant(terms("L1", sm=40, duty=40 / 132), 0.0)
+    g.grant(terms("L2", sm=80, duty=80 / 132, at=0.03, seq=2), 0.03)
+    assert g.end(0.05, "L2", "revoked") == Freeze("L2", "revoked")
+    assert g.expired(0.1) is None and g.next_deadline() is None
+
+
 def test_on_a_gpu_the_quota_is_the_workers_host_cores_and_the_partition_is_the_leases():
     g = LeaseGate(GPU, worker_cores=4.0)
     assert g.grant(terms(sm=64, duty=64 / 132), 0.0) == Run(4.0)
@@ -119,3 +146,12 @@ def test_a_mode_switch_in_the_worker_reaches_the_supervisor():
     ours.settimeout(5)
     msgs = wl.FrameDecoder(wl.TO_SUPERVISOR).feed(ours.recv(1 << 16))
     assert msgs == [{"t": "mode", "mode": "cpu_preferred"}] and link.mode == "cpu_preferred"
+
+
+@pytest.mark.parametrize("field", ["inspect_addr", "metrics_addr"])
+@pytest.mark.parametrize("addr", ["0.0.0.0:9466", "[::]:9466", "10.0.0.5:9466", ":9466"])
+def test_the_agents_unauthenticated_listeners_take_localhost_only(field, addr):
+    from agent.config import AgentConfig
+    with pytest.raises(ValueError, match=f"AgentConfig.{field} must be a localhost address"):
+        AgentConfig.from_dict({field: addr})
+    AgentConfig.from_dict({field: "127.0.0.1:0"})
