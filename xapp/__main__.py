@@ -4,8 +4,9 @@ Config from `--config` or `$CONFIG_FILE` (the OSC descriptor; only `controls` is
 overridden for tests and single-host runs with WEAVER_REST_PORT, WEAVER_RMR_PORT, WEAVER_BROKER_LISTEN.
 Prints `weaver-xapp: <key> <value>` lines (rest, rmr, broker) and `weaver-xapp: ready` once serving.
 
-`weaver-xapp site-token SITE [--config F]` prints the lease-broker credential of one site,
-HMAC-SHA256(broker secret, SITE), for that site's agent (its WEAVER_AGENT_TOKEN). The secret is read from
+`weaver-xapp site-token SITE [--config F] [--valid-days N]` prints the lease-broker credential of one site,
+"<expiry>.<HMAC-SHA256(broker secret, SITE|expiry)>" (schemas.credential), for that site's agent (its
+WEAVER_AGENT_TOKEN); the agent registers with one-time proofs of it, never the credential itself. The secret is read from
 the env var the config's `broker.token_env` names (never from the command line, which `ps` shows).
 """
 from __future__ import annotations
@@ -15,7 +16,9 @@ import asyncio
 import os
 import signal
 import sys
+import time
 
+from schemas.announce import announce
 from xapp import logs
 from xapp.appmgr import deregister, register_if_configured
 from xapp.config import ConfigError, load_config
@@ -30,6 +33,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--keep-subscriptions", action="store_true",
                    help="do not delete the KPM subscriptions on shutdown (a restarted xApp reuses them)")
     p.add_argument("--log-level", default=None)
+    p.add_argument("--allow-live-loosening", action="store_true",
+                   help="let a config PUT or reload loosen RAN first (smaller margins, longer leases or sessions); "
+                        "each loosening is logged. Without it such a change needs a restart")
     p.add_argument("--record", default=None, metavar="FILE",
                    help="write every control-loop step (its inputs, actions and decisions) to FILE as JSON lines, "
                         "for a replay through the bench's path (testbed.bench.replay)")
@@ -41,7 +47,8 @@ async def serve(args) -> int:
 
     cfg = load_config(args.config)
     logs.configure(cfg, args.log_level)      # plain on a terminal, mdclogpy's JSON on a RIC (xapp.logs)
-    x = XappApp(cfg, config_path=args.config, keep_subscriptions=args.keep_subscriptions, record_path=args.record)
+    x = XappApp(cfg, config_path=args.config, keep_subscriptions=args.keep_subscriptions, record_path=args.record,
+                allow_live_loosening=args.allow_live_loosening)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -53,8 +60,8 @@ async def serve(args) -> int:
         raise
     for key, value in (("rest", x.rest_port), ("rmr", x.rmr.port), ("broker", x.broker.port), ("epoch", x.epoch),
                        ("sdl", x.store.backend)):
-        print(f"weaver-xapp: {key} {value}", flush=True)
-    print("weaver-xapp: ready", flush=True)
+        announce(f"weaver-xapp: {key} {value}")
+    announce("weaver-xapp: ready")
     reg = asyncio.ensure_future(register_if_configured(x))
     await stop.wait()
     reg.cancel()
@@ -68,13 +75,18 @@ def site_token(argv: list[str]) -> int:
     from xapp.agents import site_credential
 
     p = argparse.ArgumentParser(prog="weaver-xapp site-token",
-                                description="print a site's lease-broker credential, HMAC-SHA256(secret, site)")
+                                description="print a site's lease-broker credential (schemas.credential), with an expiry")
     p.add_argument("site")
     p.add_argument("--config", default=os.environ.get("CONFIG_FILE"),
                    help="descriptor/config file: its broker.token_env names the secret's env var, its sites are checked")
     p.add_argument("--secret-env", default=None, help="env var holding the broker secret (default: broker.token_env, "
                                                       f"else {DEFAULT_SECRET_ENV})")
+    p.add_argument("--valid-days", type=float, default=30.0,
+                   help="the credential expires after this many days (default 30; 0: never, the old form)")
     args = p.parse_args(argv)
+    if args.valid_days < 0:
+        print("weaver-xapp: --valid-days must be >= 0", file=sys.stderr)
+        return 2
     env = args.secret_env
     if args.config:
         try:
@@ -91,7 +103,8 @@ def site_token(argv: list[str]) -> int:
     if not secret:
         print(f"weaver-xapp: no broker secret: set {env}", file=sys.stderr)
         return 2
-    print(site_credential(secret, args.site))
+    expiry = int(time.time() + args.valid_days * 86400) if args.valid_days > 0 else 0
+    print(site_credential(secret, args.site, expiry))
     return 0
 
 

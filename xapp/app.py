@@ -47,7 +47,7 @@ from xapp.broker import LeaseBroker
 from xapp.config import ConfigWatcher, XappConfig
 from xapp.ingest import Ingest, IngestError, KpmRefusal, KpmSample, KpmSubscription, KpmValueError, meas_key
 from xapp.inputs import POLICY_INPUTS
-from xapp.invariant import policy_violations
+from xapp.invariant import loosenings, policy_violations, start_up_changes
 from xapp.loop import (
     ControlOutcome,
     GrantLease,
@@ -191,8 +191,10 @@ class XappApp:
     """The running xApp. REST handlers read it; only the loop task changes loop state."""
 
     def __init__(self, cfg: XappConfig, *, config_path: str | None = None, keep_subscriptions: bool = False,
-                 clock=time.monotonic, wall=time.time, record_path: str | None = None) -> None:
+                 clock=time.monotonic, wall=time.time, record_path: str | None = None,
+                 allow_live_loosening: bool = False) -> None:
         self.cfg = cfg
+        self.allow_live_loosening = allow_live_loosening   # the operator's flag: a config PUT may loosen RAN first
         self.record_path = record_path       # --record: every loop step's inputs and actions (xapp.record)
         self.recorder = None
         self.config_path = config_path
@@ -277,11 +279,25 @@ class XappApp:
         return all(parts[k] for k in READY_GATES)
 
     # ------------------------------------------------------------------ leadership, lease wait, control ids
-    def _wait_out_leases(self, leases: list[LeaseRecord], whose: str, at_least_s: float = 0.0) -> float:
-        """Grant nothing until every ledger lease of another epoch has passed its hard end (its agent may
-        act on it until then; RAN first). Returns the wait in seconds from now."""
+    def _wait_out_leases(self, leases: list[LeaseRecord], whose: str) -> float:
+        """Grant nothing until every lease another instance may have issued has passed its hard end (its
+        agent may act on it until then; RAN first), and count those leases in their sites' invariant
+        meanwhile. Returns the wait in seconds from now.
+
+        Two kinds: the ledger's leases of another epoch, each to its own hard end; and, for one lease
+        lifetime from now, one of the largest size a site allows (its GPU less the guard) that the ledger
+        may not hold: a grant whose SDL write failed, a previous instance's on an embedded store that forgot
+        it, a leader's grant just before it stepped down. No envelope may loosen beside either."""
         end = previous_leases_end(leases, self.epoch)
-        wait = max(at_least_s, 0.0 if end is None else end - self.wall())
+        wall, now = self.wall(), self.now()
+        lifetime = self.cfg.lease_valid_periods * self.cfg.period_s
+        for rt in self.state.sites.values():
+            rt.safety.inherit_unknown(now, now + lifetime)
+        for r in leases:
+            rt = self.state.sites.get(r.site_id)
+            if r.epoch != self.epoch and r.valid_until_unix > wall and rt is not None:
+                rt.safety.inherit(r.sm_count, now + r.issued_unix - wall, now + r.valid_until_unix - wall)
+        wait = max(lifetime, 0.0 if end is None else end - wall)
         if wait > 0:
             nb = self.now() + wait
             self.state.grant_not_before = max(self.state.grant_not_before, nb)
@@ -328,7 +344,7 @@ class XappApp:
                 log.warning("ledger not read at takeover: %s", exc)
             if cursor is not None:
                 self.state.next_control_id = (cursor % 0xFFFF) + 1
-            self._wait_out_leases(leases, "the previous leader's", self.cfg.lease_valid_periods * self.cfg.period_s)
+            self._wait_out_leases(leases, "the previous leader's")
             log.warning("leader lease taken over (%s): controlling the nodes from now on", self.leader_id)
             self._wake.set()
         try:                                            # the ledger is ours now: nobody renews those
@@ -454,7 +470,8 @@ class XappApp:
         log.info("RMR (%s backend) on port %d", cfg.rmr.backend, self.rmr.port)
         if hasattr(self.rmr, "health_status"):     # RMR health check (mtype 100): "ERR <reason>" when SDL is down
             self.rmr.health_status = lambda: None if self.store.healthy() else "SDL unreachable"
-        self.rest_runner, self.rest_port = await start_rest(self, cfg.rest.port if rest_port is None else rest_port)
+        self.rest_runner, self.rest_port = await start_rest(self, cfg.rest.port if rest_port is None else rest_port,
+                                                              cfg.rest.host)
         log.info("REST on port %d", self.rest_port)
         b = cfg.broker
         self.broker = LeaseBroker(cfg, AgentBook(epoch=self.epoch, period_ms=cfg.period_ms,
@@ -1011,6 +1028,19 @@ class XappApp:
             why = "; ".join(f"controls.{u.field}: {u.why}" for u in unsafe)
             log.error("config not applied: unsafe for RAN first: %s", why)
             return why
+        fixed = start_up_changes(old, cfg)
+        if fixed:
+            why = f"{', '.join('controls.' + f for f in fixed)}: authentication and listeners are start-up settings"
+            log.error("config not applied: %s", why)
+            return why
+        looser = loosenings(old, cfg)
+        if looser and not self.allow_live_loosening:
+            why = ("loosens RAN first at run time (" + "; ".join(f"controls.{f} {a} -> {b}" for f, a, b in looser)
+                   + "): restart the xApp with the new config, or start it with --allow-live-loosening")
+            log.error("config not applied: %s", why)
+            return why
+        for f, a, b in looser:
+            log.warning("config loosened live (--allow-live-loosening): controls.%s %s -> %s", f, a, b)
         if cfg.log_level != old.log_level:
             logs.set_level(cfg.log_level)        # the log level is live config (xapp.logs)
         self.cfg = cfg

@@ -149,6 +149,9 @@ class BrokerConfig:
 @dataclass(frozen=True, kw_only=True)
 class RestConfig:
     port: int = 8080
+    # the interface REST (dashboard, API, /metrics) binds: every one in a pod, where the K8s Service fronts it;
+    # `weaver up` binds 127.0.0.1
+    host: str = "0.0.0.0"
     config_token_env: str | None = "WEAVER_CONFIG_TOKEN"
     history_minutes: int = 10
 

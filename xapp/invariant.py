@@ -34,7 +34,12 @@ release (a release of seq N releases every lease of the site up to N) or its har
 hard end is the decision instant plus `valid_for`: the broker stamps the lease with that instant and the
 agent maps it onto its own clock, so transit never extends it. The agent acts on one lease at a time (a
 newer lease replaces an older at receipt), so the SMs it may use are the largest of the leases it may
-still act on.
+still act on. That includes the leases of another xApp instance (a killed one, a leader before a
+takeover), which the shell reads from the SDL ledger at start (`inherit`), and for one lease lifetime
+one of the largest size the site allows, for a lease the ledger may not hold (a failed SDL write, an
+embedded store that forgot, a leader's last grant): only their hard end ends them, since the agent
+acknowledges its releases to the instance that issued them. Without them a restarted xApp, whose nodes
+are all unknown, would send a looser envelope at once beside a lease the agent still acts on.
 
 Consequences: tightening an envelope is always safe (the old value bounds the flight); loosening waits
 until the leases that the new value would collide with are released or past their hard end; a lease
@@ -92,6 +97,7 @@ class SiteSafety:
     valid_for_s: float
     nodes: dict[str, NodeEnvelope] = field(default_factory=dict)
     leases: list[LeaseHold] = field(default_factory=list)      # decided, not yet released (pruned lazily)
+    inherited: list[LeaseHold] = field(default_factory=list)   # a previous instance's, from the ledger
     released_seq: int = 0
     next_seq: int = 1
     forecast_sms: int | None = None     # policy's RAN demand bound for nodes that take no envelope
@@ -157,15 +163,33 @@ class SiteSafety:
         self.released_seq = max(self.released_seq, seq)
         self.leases = [h for h in self.leases if h.seq > self.released_seq]
 
+    def inherit(self, sm_count: int, issued_at: float, hard_end: float) -> None:
+        """A lease another xApp instance issued (a killed one, or the leader before a takeover): its agent may
+        act on it to its hard end, and no release of this instance's ends it."""
+        self.inherited.append(LeaseHold(0, sm_count, issued_at, hard_end))
+
+    def inherit_unknown(self, now: float, hard_end: float) -> None:
+        """A lease another instance may have issued that no ledger shows: the largest this site allows (its
+        GPU less the guard, in partition steps), until `hard_end`."""
+        largest = max(0, (self.gpu_sms - self.guard_sms) // self.granularity * self.granularity)
+        self.inherit(largest, now, hard_end)
+
     def held(self, now: float) -> list[LeaseHold]:
         self.leases = [h for h in self.leases if h.seq > self.released_seq and h.hard_end > now]
-        return self.leases
+        self.inherited = [h for h in self.inherited if h.hard_end > now]
+        return self.leases + self.inherited
 
     def agent_sms(self, now: float) -> int:
         return max((h.sm_count for h in self.held(now)), default=0)
 
+    def own_and_inherited_sms(self, now: float) -> tuple[int, int]:
+        """The leases the agent may act on, split: this instance's, and those inherited from another."""
+        self.held(now)
+        return (max((h.sm_count for h in self.leases), default=0),
+                max((h.sm_count for h in self.inherited), default=0))
+
     def next_expiry(self) -> float:
-        return min((h.hard_end for h in self.leases), default=math.inf)
+        return min((h.hard_end for h in (*self.leases, *self.inherited)), default=math.inf)
 
     # ----------------------------------------------------------------- the rule
     def basis(self) -> str:
@@ -301,4 +325,39 @@ def policy_violations(cfg: XappConfig) -> list[UnsafeSetting]:
     if e.min_samples < MIN_MODEL_SAMPLES:
         out.append(UnsafeSetting("estimate.min_samples", f"{e.min_samples} is below {MIN_MODEL_SAMPLES}: the "
                                  "cost model would predict demand from too few periods"))
+    return out
+
+
+# Settings whose change at run time would loosen RAN first (a smaller margin, a longer-lived lease or session, a
+# staler KPM sample), with the direction that loosens: applied live only when the operator started the xApp with
+# --allow-live-loosening, and logged each time (xapp.app.XappApp.apply_config).
+LOOSENING: tuple[tuple[str, int], ...] = (
+    ("policy.guard_sms", -1), ("policy.reactive_margin_sms", -1), ("policy.static_reserve_sms", -1),
+    ("policy.reliability_target", +1), ("estimate.quantile", -1), ("lease_valid_periods", +1),
+    ("stale_periods", +1), ("broker.heartbeat_ms", +1), ("broker.agent_timeout_heartbeats", +1),
+    ("actuation.control_timeout_ms", +1),
+)
+# Authentication and listeners are start-up settings: a config PUT cannot turn a credential check off or point it
+# at another secret (issue 26 item 5).
+START_UP_ONLY = ("broker.token_env", "broker.tls_cert", "broker.tls_key", "broker.tls_client_ca", "broker.listen",
+                 "rest.config_token_env", "rest.host", "rest.port")
+
+
+def _get(cfg, dotted: str):
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def start_up_changes(old: XappConfig, new: XappConfig) -> list[str]:
+    return [f for f in START_UP_ONLY if _get(old, f) != _get(new, f)]
+
+
+def loosenings(old: XappConfig, new: XappConfig) -> list[tuple[str, object, object]]:
+    """(field, old, new) for every setting `new` moves in the direction that loosens RAN first."""
+    out = []
+    for f, sign in LOOSENING:
+        a, b = _get(old, f), _get(new, f)
+        if (b - a) * sign > 0:
+            out.append((f, a, b))
     return out

@@ -116,6 +116,9 @@ def external(state: LoopState) -> dict:
             "next_control_id": state.next_control_id,
             "control_tags": dict(state.control_tags),     # each node's RIC instance ID (its sub_id)
             "grants": {sid: rt.grant_sms for sid, rt in state.sites.items()},
+            # a previous instance's leases the shell read from the ledger (SiteSafety.inherit)
+            "inherited": {sid: [[h.sm_count, h.sent_at, h.hard_end] for h in rt.safety.inherited]
+                          for sid, rt in state.sites.items() if rt.safety.inherited},
             "nodes": {m: node_json(nc) for rt in state.sites.values() for m, nc in rt.nodes.items()}}
 
 
@@ -150,6 +153,11 @@ def apply_ext(state: LoopState, ext: dict) -> None:
         state.control_tags = {m: int(t) for m, t in ext["control_tags"].items()}
     for sid, g in ext.get("grants", {}).items():
         state.sites[sid].grant_sms = g
+    if "inherited" in ext:
+        for sid, rt in state.sites.items():
+            rt.safety.inherited = []
+            for sm, sent_at, hard_end in ext["inherited"].get(sid, []):
+                rt.safety.inherit(int(sm), float(sent_at), float(hard_end))
 
 
 def decisions_json(state: LoopState, now: float) -> dict:

@@ -16,11 +16,13 @@ import dataclasses
 import hmac
 import logging
 import math
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from schemas.credential import credential_ok
 from xapp import waterfall
 from xapp.aggregates import AnnouncementBook, AnnouncementError, parse_announcement
 from xapp.config import ConfigError, XappConfig
@@ -150,7 +152,10 @@ def _safety_view(rt, now: float) -> dict:
     """What the site's grants rest on (xapp.invariant): `envelope` (enforced by every node) or
     `forecast` (the policy's own demand bound), and the terms of the RAN-first rule right now."""
     s = rt.safety
-    return {"basis": s.basis(), "envelope_bound_sms": s.envelope_bound(), "leased_sms_held": s.agent_sms(now),
+    own, inherited = s.own_and_inherited_sms(now)
+    # inherited: leases another xApp instance may have issued, counted to their hard end (SiteSafety.inherit)
+    return {"basis": s.basis(), "envelope_bound_sms": s.envelope_bound(), "leased_sms_held": own,
+            "inherited_sms_held": inherited,
             "guard_sms": s.guard_sms, "slack_sms": s.slack(now), "grant_ceiling_sms": s.grant_ceiling(now),
             "deferred_envelope_sms": rt.deferred_envelope, "lifted": rt.lifted,
             "conservative_for_s": round(max(0.0, rt.conservative_until - now), 3),
@@ -231,11 +236,25 @@ async def aggregate_transfers(request):
 
 
 async def announce_aggregate(request):
+    """A site announces its own aggregates only: with a broker secret configured, the bearer credential must be
+    the site's (HMAC-SHA256(secret, site_id), as on the lease stream) and the site one of the xApp's."""
     try:
         a = parse_announcement(await _json_body(request))
     except (ValueError, AnnouncementError) as exc:
         return _err(400, str(exc))
-    replaced = request.app[AGGREGATES_KEY].add(a)
+    x = request.app[APP_KEY]
+    if x is not None:
+        if all(s.site_id != a.site_id for s in x.cfg.sites):
+            return _err(403, "site_id: not a site of this xApp")
+        secret = x.cfg.broker.secret()
+        given = request.headers.get("Authorization", "")
+        bearer = given[7:] if given.startswith("Bearer ") else ""
+        if secret and not credential_ok(secret, a.site_id, bearer, time.time()):
+            return _err(401, f"missing or wrong credential for {a.site_id} (Authorization: Bearer <site token>)")
+    try:
+        replaced = request.app[AGGREGATES_KEY].add(a)
+    except AnnouncementError as exc:
+        return _err(503, str(exc))
     return web.json_response({"accepted": True, "replaced": replaced}, status=200 if replaced else 201)
 
 

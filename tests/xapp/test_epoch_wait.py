@@ -73,14 +73,23 @@ def test_revoked_lease_still_counts_until_its_hard_end(redis_env):
     asyncio.run(go())
 
 
-def test_no_previous_lease_no_wait(redis_env):
+def test_no_previous_lease_in_the_ledger_waits_one_lease_lifetime_for_one_it_may_not_hold(redis_env):
+    """A past lease is no wait. What the ledger cannot show (a grant whose SDL write failed, an embedded store
+    that forgot everything, a leader's last grant) may still be held for one lease lifetime: the restarted
+    xApp grants nothing and sends no looser envelope for that long, as if the largest lease were out."""
     store = open_store(NS)
     _seed(store, epoch=store.next_epoch(), valid_until=WALL - 5.0)
 
     async def go():
         x = await _started(wall=lambda: WALL)
         try:
-            assert getattr(x.state, "grant_not_before", float("-inf")) == float("-inf")
+            lifetime = x.cfg.lease_valid_periods * x.cfg.period_s
+            assert x.state.grant_not_before - x.state.started == pytest.approx(lifetime, abs=0.2)
+            safety = x.state.sites["site-a"].safety
+            now = x.now()
+            assert safety.agent_sms(now) == (safety.gpu_sms - safety.guard_sms) // safety.granularity \
+                * safety.granularity
+            assert safety.agent_sms(now + lifetime + 1e-3) == 0
         finally:
             await x.stop()
     asyncio.run(go())
@@ -130,3 +139,25 @@ async def _control_ids():
         x.note_control_id(5)                                # logged, not raised: the control goes out anyway
     finally:
         await x.stop()
+
+
+def test_a_previous_instances_lease_counts_in_the_invariant_until_its_hard_end(redis_env):
+    """The wait above stops grants; the ledger lease must also hold back every envelope: the restarted xApp's
+    nodes are all unknown, and without the lease in its invariant it would loosen them beside it at once."""
+    store = open_store(NS)
+    _seed(store, epoch=store.next_epoch(), valid_until=WALL + 1.5, ended="revoked")
+    _seed(store, epoch=store.next_epoch() - 1, valid_until=WALL - 1.0, lease_id="site-a.1.2")   # past: nothing
+
+    async def go():
+        x = await _started(wall=lambda: WALL)
+        try:
+            safety = x.state.sites["site-a"].safety
+            now = x.now()
+            ledger = [h for h in safety.inherited if h.hard_end > now + 1.0]    # past the lifetime-long one
+            assert [h.sm_count for h in ledger] == [64]
+            assert ledger[0].hard_end == pytest.approx(now + 1.5, abs=0.5)
+            assert safety.agent_sms(ledger[0].hard_end - 0.1) == 64
+            assert safety.agent_sms(ledger[0].hard_end + 1e-3) == 0               # gone at its hard end
+        finally:
+            await x.stop()
+    asyncio.run(go())

@@ -159,3 +159,23 @@ def test_a_lost_node_with_a_control_in_flight_is_unknown_and_its_late_ack_proves
     assert not st.sites["s1"].safety.nodes["n1"].inflight
     run(st, 0.16, results=ack_all([c]), agents=frozenset({"s1"}))
     assert st.sites["s1"].safety.nodes["n1"].known is None
+
+
+def test_an_inherited_lease_holds_back_the_first_envelope_to_an_unknown_node():
+    """After a restart every node is unknown, so any envelope to it goes out while no lease is held. A lease the
+    previous instance issued (read from the ledger) is held by its agent to its hard end: the loop sends no
+    envelope that does not fit beside it, and sends the wanted one once it has ended."""
+    c = cfg()
+    st = setup(c)
+    st.grant_not_before = 1.0
+    st.sites["s1"].safety.inherit(96, -1.0, 1.0)        # 96 + guard 8 leave 24 of 128 SMs for the node
+    sent = []
+    t, a = 0.0, []
+    while t < 2.0:
+        t = round(t + 0.1, 6)
+        a = run(st, t, [kpm("n1", t), kpm("n2", t)], results=ack_all(a))
+        for ctl in of(a, SendControl, "s1"):
+            sent.append((t, ctl.envelope_sms))
+            if t < 1.0:
+                assert ctl.envelope_sms + 96 + 8 <= 128, (t, ctl.envelope_sms)
+    assert any(t >= 1.0 and e > 24 for t, e in sent), sent                      # and then what it wanted
