@@ -383,6 +383,10 @@ class Supervisor:
             self._to_worker({"t": "revoke", "at": ev.at, "lease_id": ev.lease_id, "reason": ev.reason})
         elif isinstance(ev, Disconnected):
             self._apply(self.gate.end(now, "", "disconnected"), ev.at)
+            # the session's leases end with it (frozen): the next session's broker issued none of them, and a
+            # restarted xApp's takes no release of its predecessor's (it waits out their hard ends itself)
+            self._seq_of.clear()
+            self.released_seq = -1
             self._to_worker({"t": "disconnected", "at": ev.at, "reason": ev.reason})
         elif isinstance(ev, Connected):
             self._to_worker({"t": "connected", "at": ev.at, "site_id": ev.site_id, "epoch": ev.epoch,
@@ -432,8 +436,10 @@ class Supervisor:
             c.send_usage(report)
         elif t == "release":
             seq = self._seq_of.get(str(m["lease_id"]))
-            if seq is not None and seq <= self.released_seq:
-                return   # the supervisor already released it (or a later one), frozen
+            if seq is None or seq <= self.released_seq:
+                # a lease of a session that has ended (the worker was frozen when it did), or one the supervisor
+                # already released (or a later one), frozen
+                return
             c.send_release(str(m["lease_id"]), str(m["reason"]), float(m["overrun_ms"]), int(m["held_sm_count"]))
         elif t == "transfer":
             c.send_transfer_plan(int(m["round"]), int(m["bytes"]), int(m["deadline_unix_ms"]), int(m["workers"]))

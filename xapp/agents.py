@@ -322,9 +322,14 @@ class AgentBook:
             if held.ended_unix is None:
                 held.ended_unix = now_unix
 
-    def release_seq(self, site_id: str, lease: str) -> int:
-        """The seq a LeaseReleased names; BadRequest unless it is a lease issued to this site this epoch."""
+    def release_seq(self, site_id: str, lease: str) -> int | None:
+        """The seq a LeaseReleased names; None for a lease of this site from an earlier epoch (an agent that
+        reconnected to a restarted xApp releasing what the killed one issued: nothing to do, its hard end
+        bounds it); BadRequest unless it is a lease issued to this site this epoch."""
         prefix = f"{site_id}.{self.epoch}."
+        epoch, _, seq = lease[len(site_id) + 1:].partition(".") if lease.startswith(f"{site_id}.") else ("", "", "")
+        if epoch.isdigit() and seq.isdigit() and int(epoch) < self.epoch:
+            return None
         tail = lease[len(prefix):] if lease.startswith(prefix) else ""
         if not tail.isdigit() or not 0 < int(tail) <= self.seq.get(site_id, 0):
             raise BadRequest(f"released.lease_id: {lease[:64]!r} is not a lease issued to {site_id} in epoch "

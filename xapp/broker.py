@@ -296,6 +296,9 @@ class LeaseBroker:
                                          r.wall_ms, r.wait_ms))
                 elif kind == "released":
                     seq = self.book.release_seq(sess.site_id, m.released.lease_id)
+                    if seq is None:
+                        self.refused_usage["release-earlier-epoch"] = self.refused_usage.get("release-earlier-epoch", 0) + 1
+                        continue
                     self.released += 1
                     if self.on_release:
                         self.on_release(sess.site_id, seq, m.released.reason[:64])

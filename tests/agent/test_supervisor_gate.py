@@ -155,3 +155,37 @@ def test_the_agents_unauthenticated_listeners_take_localhost_only(field, addr):
     with pytest.raises(ValueError, match=f"AgentConfig.{field} must be a localhost address"):
         AgentConfig.from_dict({field: addr})
     AgentConfig.from_dict({field: "127.0.0.1:0"})
+
+
+def test_a_release_of_an_ended_sessions_lease_stays_with_the_supervisor(monkeypatch):
+    """A worker frozen when its stream was lost (an xApp killed) says its release when it next runs, under
+    the next session: that broker, a restarted xApp's, issued no such lease and ended the stream on it (a
+    fresh-clone run: the new session dropped at its first lease, the worker mid-window). The session's
+    leases end with it; the next one's seqs start again and are released as before."""
+    from agent.config import tiny_cpu
+    from agent.lease_client import Disconnected, LeaseGranted, LeaseRevoked
+    from agent.supervisor import Supervisor
+    monkeypatch.setenv("WEAVER_NO_CGROUP", "1")
+    sup = Supervisor(tiny_cpu(), cooperative=True)
+    sup.gate = LeaseGate(STANDIN, 0.5, spacing_s=0.0)
+    sent = []
+
+    class Client:
+        connected = True
+
+        def send_release(self, lease_id, reason, overrun_ms, held):
+            sent.append(lease_id)
+    sup.client = Client()
+    def worker_releases(lease_id):
+        sup._from_worker({"t": "release", "lease_id": lease_id, "reason": "revoked", "overrun_ms": 0.0,
+                          "held_sm_count": 80})
+    sup._on_event(LeaseGranted(terms("site-0.1.92", seq=92, at=10.0, valid=1e9)))
+    sup._on_event(LeaseRevoked(10.1, "site-0.1.92", "revoked"))     # frozen: the supervisor says the release
+    sup._on_event(LeaseGranted(terms("site-0.1.93", seq=93, at=10.2, valid=1e9)))
+    sup._on_event(Disconnected(11.0, "stream lost"))
+    worker_releases("site-0.1.92")
+    worker_releases("site-0.1.93")
+    assert sent == ["site-0.1.92"]
+    sup._on_event(LeaseGranted(terms("site-0.2.1", seq=1, at=12.0, valid=1e9)))
+    worker_releases("site-0.2.1")
+    assert sent == ["site-0.1.92", "site-0.2.1"]

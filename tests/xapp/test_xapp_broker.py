@@ -323,8 +323,16 @@ def test_release_reaches_the_loop_and_a_bogus_one_is_refused():
             lease_id=lease.lease_id, reason="revoked")).SerializeToString())
         await wait_for(lambda: released)
         assert released == [("s1", 5, "revoked")]
+        # a lease of an earlier epoch (an agent that came back to a restarted xApp releasing what the killed
+        # one issued) is nothing to act on, and no reason to end the stream: it is counted, the stream stays
+        epoch = broker.book.epoch
         q.put_nowait(lease_pb2.AgentMessage(released=lease_pb2.LeaseReleased(
-            lease_id="s1.7.999", reason="revoked")).SerializeToString())      # never issued
+            lease_id=f"s1.{epoch - 1}.93", reason="revoked")).SerializeToString())
+        q.put_nowait(lease_pb2.AgentMessage(heartbeat=lease_pb2.Heartbeat(seq=1)).SerializeToString())
+        assert (await call.read()).heartbeat.seq == 1
+        assert broker.refused_usage == {"release-earlier-epoch": 1} and released == [("s1", 5, "revoked")]
+        q.put_nowait(lease_pb2.AgentMessage(released=lease_pb2.LeaseReleased(
+            lease_id=f"s1.{epoch}.999", reason="revoked")).SerializeToString())      # never issued
         with pytest.raises(grpc.aio.AioRpcError) as err:
             while True:
                 await call.read()
