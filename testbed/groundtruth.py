@@ -214,6 +214,7 @@ class CgroupCpuSampler:
     stat_cpu_s: float = field(default=0.0, init=False)
     _members: ProcCpuSampler = field(init=False, repr=False)
     _meter_ns: int | None = field(default=None, init=False, repr=False)
+    last_meter_s: float = field(default=0.0, init=False)   # the meter's own figure for the last sample
 
     def __post_init__(self) -> None:
         self.source = (f"worker cgroup: its processes (cgroup.procs) by their CPU clocks (ns, running slices "
@@ -242,7 +243,8 @@ class CgroupCpuSampler:
         except OSError:        # the cgroup went between the two reads
             return None
         if self._meter_ns is not None:
-            self.stat_cpu_s += max(meter - self._meter_ns, 0) / 1e9
+            self.last_meter_s = max(meter - self._meter_ns, 0) / 1e9
+            self.stat_cpu_s += self.last_meter_s
         self._meter_ns = meter
         return cpu
 
@@ -379,6 +381,8 @@ class AgentTruth:
         row = {"t_unix": round(time.time(), 3), "dt_s": round(period_s, 4), "executed_sms": round(sms, 2),
                "reported_lease_sms": lease_sms, "held_sms": held, "beyond_sms": round(beyond, 2),
                "connected": connected, **(said or {})}
+        if hasattr(self.sampler, "last_meter_s"):   # the kernel's counter beside it (lags by up to a tick per CPU)
+            row["meter_sms"] = round(site_sms(self.sampler.last_meter_s, period_s, self.gpu_sms, self.cores), 2)
         if self._worst_after:
             self.worst_periods.append(row)
             self._worst_after -= 1

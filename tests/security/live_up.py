@@ -12,6 +12,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# The guard of the live tests whose point is a fault, not the guard: the demo's derived guard (24 SMs, a tick
+# of CFS slack per CPU, testbed.up.kernel_guard_sms) covers the kernel bound's usual overshoot, not its tail on
+# this 2-vCPU VM: 45-54 SMs beyond an 88-SM lease in one period, in 2 of 9 plain 45 s demo runs (a world period
+# stretched to 113 ms: the VM stalled), 22-25 in two more; the kernel's own counter agreed with the meter each
+# time (ground truth's meter_sms). Under this guard the runs still count every training-caused miss (== 0).
+TAIL_GUARD = ("--guard", "56")
+
 
 @dataclass
 class LiveUp:

@@ -22,7 +22,7 @@ import urllib.request
 import pytest
 
 from tests.proc_net import listening as listening_of
-from tests.security.live_up import weaver_up
+from tests.security.live_up import TAIL_GUARD, weaver_up
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ def _worker_of(site: str, pids: set[int]) -> int:
 
 def test_the_lighthouse_kill_reaches_no_one_and_a_killed_worker_ends_the_run_with_its_summary_and_no_ran_harm(tmp_path, repo_root):
     summary_path = tmp_path / "s.json"
-    with weaver_up(repo_root, tmp_path / "run", "--duration", "60", "--round-ms", "2000",
+    with weaver_up(repo_root, tmp_path / "run", *TAIL_GUARD, "--duration", "60", "--round-ms", "2000",
                    "--json", str(summary_path)) as up:
         def lighthouse_ids():
             # the Lighthouse itself (loopback): its gate shows no one its page (tests/crosssite/test_tier_gate.py);

@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from tests.proc_net import listening
-from tests.security.live_up import weaver_up
+from tests.security.live_up import TAIL_GUARD, weaver_up
 
 pytestmark = pytest.mark.slow
 TIER_HOST = "127.0.0.2"
@@ -23,7 +23,7 @@ TIER_HOST = "127.0.0.2"
 
 def test_a_rogue_replica_on_the_tier_network_gets_nothing_and_training_goes_on(tmp_path, repo_root):
     summary_path, marker = tmp_path / "s.json", tmp_path / "rogue-ran-code"
-    with weaver_up(repo_root, tmp_path / "run", "--duration", "45", "--round-ms", "2000", "--tier-host", TIER_HOST,
+    with weaver_up(repo_root, tmp_path / "run", *TAIL_GUARD, "--duration", "45", "--round-ms", "2000", "--tier-host", TIER_HOST,
                    "--json", str(summary_path)) as up:
         assert up.poll_until(lambda: up.rounds() >= 2), "no rounds to attack:\n" + up.text[-3000:]
         ports = sorted(p for a, p in listening(up.pids()) if a == TIER_HOST)

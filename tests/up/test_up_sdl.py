@@ -16,13 +16,15 @@ import urllib.request
 import pytest
 import redis
 
+from tests.security.live_up import TAIL_GUARD
+
 pytestmark = pytest.mark.slow
 
 
 def test_an_xapp_killed_mid_run_comes_back_with_the_next_epoch_from_sdl(tmp_path, repo_root):
     r = redis.Redis("127.0.0.1", 6379, socket_timeout=2)
     r.ping()
-    proc = subprocess.Popen([str(repo_root / ".venv-xapp" / "bin" / "weaver"), "up", "--duration", "30",
+    proc = subprocess.Popen([str(repo_root / ".venv-xapp" / "bin" / "weaver"), "up", *TAIL_GUARD, "--duration", "30",
                              "--fault", "xapp-kill", "--fault-at", "10", "--no-cross-site",
                              "--json", str(tmp_path / "s.json"), "--run-dir", str(tmp_path / "run")],
                             cwd=repo_root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
