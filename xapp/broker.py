@@ -25,6 +25,7 @@ from pathlib import Path
 import grpc
 from google.protobuf.message import DecodeError
 
+from schemas import tierpass
 from schemas.credential import tier_key
 from schemas.proto.weaver.v1 import lease_pb2
 from xapp.agents import (
@@ -54,6 +55,7 @@ class _Session:
         self.session = session
         self.out: asyncio.Queue = asyncio.Queue(maxsize)
         self.refused = 0                      # usage reports refused on this stream (for log throttling)
+        self.pass_expiry = 0                  # the expiry of the tier pass this stream last carried (unix s)
 
     def push(self, msg: lease_pb2.BrokerMessage) -> bool:
         try:
@@ -95,6 +97,9 @@ class LeaseBroker:
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.tier_key = tier_key(cfg.broker.secret(), book.epoch)
+        # the epoch's CA (schemas.tierpass): it signs each admitted site's own tier pass
+        self._tier_ca = tierpass.ca_seed(cfg.broker.secret(), book.epoch)
+        self.tier_ca = tierpass.public_key(self._tier_ca)
         # registration proofs are taken once, and only if made since this broker started (schemas.credential)
         self.proofs = ProofBook(started_unix_ms=int(wall() * 1000))
 
@@ -130,17 +135,37 @@ class LeaseBroker:
             await self.server.stop(grace)
 
     # decisions from the control loop
-    def cross_site(self) -> lease_pb2.CrossSiteConfig:
+    def cross_site(self, site_id: str = "") -> lease_pb2.CrossSiteConfig:
+        """The tier's settings, and with `site_id` that site's own tier pass (for its stream only)."""
         b = self.cfg.broker
-        return lease_pb2.CrossSiteConfig(lighthouse_addr=b.lighthouse_addr, round_ms=b.round_ms,
-                                         round_epoch_ms=b.round_epoch_ms,
-                                         heartbeat_timeout_ms=b.heartbeat_ms * b.agent_timeout_heartbeats,
-                                         tier_key=self.tier_key, tier_epoch=self.book.epoch)
+        msg = lease_pb2.CrossSiteConfig(lighthouse_addr=b.lighthouse_addr, round_ms=b.round_ms,
+                                        round_epoch_ms=b.round_epoch_ms,
+                                        heartbeat_timeout_ms=b.heartbeat_ms * b.agent_timeout_heartbeats,
+                                        tier_key=self.tier_key, tier_epoch=self.book.epoch, tier_ca=self.tier_ca)
+        if site_id:
+            ident = tierpass.issue(self._tier_ca, self.book.epoch, site_id, int(self.wall()) + b.tier_pass_s)
+            msg.tier_site_key = ident.site_key
+            msg.tier_pass_expiry_unix = ident.tier_pass.expiry_unix
+            msg.tier_pass_signature = ident.tier_pass.ca_signature
+        return msg
+
+    def _push_cross_site(self, sess: _Session) -> bool:
+        msg = lease_pb2.BrokerMessage(cross_site=self.cross_site(sess.site_id))
+        if sess.push(msg):
+            sess.pass_expiry = msg.cross_site.tier_pass_expiry_unix
+            return True
+        return False
 
     def publish_cross_site(self) -> int:
-        """Push the (changed) CrossSiteConfig to every connected agent; returns how many got it."""
-        msg = lease_pb2.BrokerMessage(cross_site=self.cross_site())
-        return sum(s.push(msg) for s in self.sessions.values())
+        """Push the (changed) CrossSiteConfig, each with its site's pass, to every connected agent; returns how
+        many got it."""
+        return sum(self._push_cross_site(s) for s in self.sessions.values())
+
+    def _renew_pass(self, sess: _Session) -> None:
+        """A site the broker still admits gets its tier pass renewed at half its life (on its heartbeat): a site
+        it stops admitting (its session ends, its credential expires) keeps none beyond `tier_pass_s`."""
+        if sess.pass_expiry and sess.pass_expiry - self.wall() < self.cfg.broker.tier_pass_s / 2:
+            self._push_cross_site(sess)
 
     def grant(self, site_id: str, sm_count: int, reason: str, *, seq: int = 0, decided_at: float | None = None,
               basis: str = "") -> LeaseIssued | None:
@@ -243,13 +268,15 @@ class LeaseBroker:
             stale.close()
         sess = _Session(reg.site_id, sid)
         self.sessions[reg.site_id] = sess
+        cross_site = self.cross_site(reg.site_id)
+        sess.pass_expiry = cross_site.tier_pass_expiry_unix
         self.events.append((self.wall(), reg.site_id, "agent-connected", reg.agent_id))
         log.info("agent %s connected for site %s (%s, %d SMs / %d), job %s, mode %s: %s, worker bound by %s",
                  reg.agent_id, reg.site_id, reg.kind, reg.sm_count, reg.granularity, reg.job or "-", reg.mode,
                  reg.mode_evidence or "-", reg.confinement or "(not said)")
         yield lease_pb2.BrokerMessage(welcome=lease_pb2.Welcome(
             site_id=reg.site_id, epoch=self.book.epoch, heartbeat_ms=self.cfg.broker.heartbeat_ms,
-            cross_site=self.cross_site(), sent_unix_ms=int(self.wall() * 1000))).SerializeToString()
+            cross_site=cross_site, sent_unix_ms=int(self.wall() * 1000))).SerializeToString()
         yield lease_pb2.BrokerMessage(revoke=lease_pb2.Revoke(lease_id="", reason="new-session")).SerializeToString()
 
         error: list[BadRequest] = []
@@ -285,6 +312,7 @@ class LeaseBroker:
                 if kind == "heartbeat":
                     sess.push(lease_pb2.BrokerMessage(heartbeat=lease_pb2.Heartbeat(
                         seq=m.heartbeat.seq, sent_unix_ms=int(self.wall() * 1000))))
+                    self._renew_pass(sess)
                 elif kind == "usage":
                     self._usage(sess, m.usage, now)
                 elif kind == "transfer":

@@ -138,6 +138,9 @@ class BrokerConfig:
     job: str = ""
     round_ms: int = 30000
     round_epoch_ms: int = 0
+    # the lifetime of a site's tier pass (schemas.tierpass), renewed at half of it while the site is admitted:
+    # how long a site the broker stops admitting may still open tier connections
+    tier_pass_s: int = 120
 
     def secret(self) -> str | None:
         """The broker secret, read from the env var `token_env` names (None: agents need no credential, the

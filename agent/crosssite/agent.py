@@ -72,6 +72,7 @@ class CrossSiteAgent(SiteAgent):
         self._join: _Join | None = None        # a tier being built (connecting) off the loop thread
         self._failures_in_a_row = 0
         self._bad_config: str = ""
+        self._wanted_for: tuple = (None, None)   # (the CrossSiteConfig message, the TierConfig made of it)
         self._retry_at = -math.inf
         self._round_eval_step = 0               # validate after the first committed round this step is reached
         self._mark = self._work_counters()      # the counters at the last snapshot (or at joining)
@@ -134,6 +135,12 @@ class CrossSiteAgent(SiteAgent):
         msg = self.cross_site
         if msg is None or not msg.lighthouse_addr:
             return None
+        if self._wanted_for[0] is msg:          # built once per message: a gated config checks its pass
+            return self._wanted_for[1]
+        self._wanted_for = (msg, self._config_of(msg))
+        return self._wanted_for[1]
+
+    def _config_of(self, msg) -> TierConfig | None:
         round_s = max(msg.round_ms, 50) / 1000.0
         try:
             # A dead Lighthouse or peer must not block the lease loop for long: bound connects and
@@ -157,6 +164,8 @@ class CrossSiteAgent(SiteAgent):
         if wanted is None:
             return None
         if self.tier is not None:
+            if wanted.tier_pass_expiry_unix != self.tier.config.tier_pass_expiry_unix:
+                self.tier.renew(wanted)          # the broker renewed the pass: the same tier, a new pass
             return self.tier
         if self._join is None:
             if self.clock() >= self._retry_at:

@@ -1,20 +1,26 @@
-"""The tier gate: no byte of the cross-site tier's services reaches a peer that does not hold the tier key.
+"""The tier gate: no byte of the cross-site tier's services reaches a peer that holds no pass of the epoch.
 
 torchft's Lighthouse, its ManagerServer and c10d's TCPStore take no credential: whoever reaches them joins
 the quorum, reads the round's membership, calls Kill or writes the rendezvous. In a gated tier they bind
 127.0.0.1, and the one listener a host puts on the network for them is a gate:
 
     client -> gate   TCP connect
-    gate -> client   "WGATE1 <challenge, 32 hex>\\n"                 16 random bytes, new for each connection
-    client -> gate   "WGATE1 <epoch> <site> <service> <mac, 64 hex>\\n"
-                     mac = HMAC-SHA256(the tier key of <epoch>, "weaver-gate|<challenge>|<epoch>|<site>|<service>")
+    gate -> client   "WGATE2 <challenge, 32 hex>\\n"                 16 random bytes, new for each connection
+    client -> gate   "WGATE2 <epoch> <site> <service> <expiry> <site key, 64 hex> <pass, 128 hex> <sig, 128 hex>\\n"
+                     pass = the broker's signature over (site, epoch, expiry, site key)     (schemas.tierpass)
+                     sig  = the site's signature over "weaver-gate|<challenge>|<epoch>|<site>|<service>"
     gate -> client   "OK\\n", then the bytes of <service> both ways; on anything else it closes, saying nothing
 
-The tier key is the broker's (CrossSiteConfig.tier_key = HMAC(secret, "weaver-tier <epoch>")): only a site the
-broker admitted has it; the challenge makes a recorded hello worthless; a hello names one of the services
-the gate was given (a site's gate: its Manager, its store, its state server; the Lighthouse host's gate: the
-Lighthouse, and of it gRPC only: an HTTP/1 request - its /status page, its /replica/<id>/kill - is closed
-unanswered).
+Each admitted site holds a pass of its own (schemas.tierpass: Ed25519, the broker's CA key of the epoch signs
+(site, epoch, expiry, the site's public key); the site's lease stream hands it its key, its pass and the CA's
+public key, and renews the pass while it admits the site). A gate checks the pass against the epoch's CA key and
+the hello's signature against the key the pass names: only a site the broker admitted gets through, it gets
+through as itself (one site's key cannot speak for another), and not after its pass ends; the challenge makes
+a recorded hello worthless. A hello names one of the services the gate was given (a site's gate: its Manager,
+its store, its state server; the Lighthouse host's gate: the Lighthouse, and of it gRPC only: an HTTP/1
+request - its /status page, its /replica/<id>/kill - is closed unanswered). A pass is checked when a
+connection opens: one already open stays up after the pass's end until it closes (torchft's channels
+reconnect after a failure, and then need a live pass).
 
 The handshake is sans-IO (`challenge_line`, `hello_line`, `check_hello`); `GateServer` and `Egress` are the
 sockets. A site's own clients reach a peer's service through its `Egress`: a loopback port per (peer gate,
@@ -22,35 +28,36 @@ service) that says the hello and then pipes. Peers name their services by an adv
 `wg<gate port>.<host>` (`advertise`): torchft carries the name (the quorum's manager and store addresses)
 and only the tier's resolver (`connect_address`) turns it into a connection; nothing else can resolve it.
 
-What the gate does not do: sites holding the key trust each other's word on who they are (as torchft trusts
-its replicas; what a member contributes is bounded by the round's checks, rounds.contribution_ok and
-gradient_ok); loopback is the host's own (the inner listeners answer any local process); gloo's pairwise
+What the gate does not do: it does not look inside the pipe, so the replica id a site gives in torchft's
+quorum is its word (as torchft trusts its replicas; what a member contributes is bounded by the round's checks,
+rounds.contribution_ok and gradient_ok; the gate logs the site each connection authenticated as); loopback is the host's own (the inner listeners answer any local process); gloo's pairwise
 connections are made from the addresses exchanged through the gated store and are not themselves
 authenticated.
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import os
 import re
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from schemas.tierpass import PassRefused, TierIdentity, TierPass, check_pass, verify
+
 log = logging.getLogger("weaver.gate")
 
-MAGIC = b"WGATE1"
-MAX_LINE = 256
+MAGIC = b"WGATE2"
+MAX_LINE = 512
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _SITE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _SERVICE = re.compile(r"[a-z]{1,16}")
 _ADVERTISED = re.compile(r"wg(\d{1,5})\.(.+)")
 
-KeyForEpoch = Callable[[int], "bytes | None"]
+CaForEpoch = Callable[[int], "bytes | None"]      # the epoch's CA public key, None: an epoch not taken
 
 
 class GateRefused(ValueError):
@@ -80,38 +87,46 @@ def parse_challenge(line: bytes) -> bytes:
     return bytes.fromhex(parts[1].decode())
 
 
-def _mac(key: bytes, challenge: bytes, epoch: int, site: str, service: str) -> str:
-    msg = b"weaver-gate|" + challenge + f"|{epoch}|{site}|{service}".encode()
-    return hmac.new(key, msg, hashlib.sha256).hexdigest()
+def _hello_message(challenge: bytes, epoch: int, site: str, service: str) -> bytes:
+    return b"weaver-gate|" + challenge + f"|{epoch}|{site}|{service}".encode()
 
 
-def hello_line(key: bytes, challenge: bytes, epoch: int, site: str, service: str) -> bytes:
-    if not _SITE.fullmatch(site) or not _SERVICE.fullmatch(service):
-        raise ValueError(f"a gate hello needs a plain site id and service name, got {site!r} {service!r}")
-    return b" ".join([MAGIC, str(epoch).encode(), site.encode(), service.encode(),
-                      _mac(key, challenge, epoch, site, service).encode()]) + b"\n"
+def hello_line(identity: TierIdentity, challenge: bytes, service: str) -> bytes:
+    p = identity.tier_pass
+    if not _SITE.fullmatch(p.site) or not _SERVICE.fullmatch(service):
+        raise ValueError(f"a gate hello needs a plain site id and service name, got {p.site!r} {service!r}")
+    sig = identity.sign(_hello_message(challenge, p.epoch, p.site, service))
+    return b" ".join([MAGIC, str(p.epoch).encode(), p.site.encode(), service.encode(), str(p.expiry_unix).encode(),
+                      p.site_public.hex().encode(), p.ca_signature.hex().encode(), sig.hex().encode()]) + b"\n"
 
 
-def check_hello(line: bytes, challenge: bytes, key_for_epoch: KeyForEpoch, services) -> Hello:
-    """The hello a client sent for `challenge`, or GateRefused: malformed, unknown epoch, unknown service,
-    or a MAC that is not the tier key's."""
+def check_hello(line: bytes, challenge: bytes, ca_for_epoch: CaForEpoch, services, now_unix: float) -> Hello:
+    """The hello a client sent for `challenge`, or GateRefused: malformed, unknown service or epoch, a pass the
+    epoch's CA did not sign or that has ended, or a signature that is not the pass's site's."""
     if len(line) > MAX_LINE or not line.endswith(b"\n"):
         raise GateRefused("malformed", "no hello line")
     try:
-        magic, epoch_s, site, service, mac = line.strip().decode("ascii").split(" ")
+        magic, epoch_s, site, service, expiry_s, pub, pass_sig, sig = line.strip().decode("ascii").split(" ")
     except (UnicodeDecodeError, ValueError):
-        raise GateRefused("malformed", "not five fields") from None
+        raise GateRefused("malformed", "not eight fields") from None
     if magic != MAGIC.decode() or not epoch_s.isdigit() or len(epoch_s) > 19 or not _SITE.fullmatch(site) \
-            or not _SERVICE.fullmatch(service) or not re.fullmatch(r"[0-9a-f]{64}", mac):
+            or not _SERVICE.fullmatch(service) or not expiry_s.isdigit() or len(expiry_s) > 12 \
+            or not re.fullmatch(r"[0-9a-f]{64}", pub) or not re.fullmatch(r"[0-9a-f]{128}", pass_sig) \
+            or not re.fullmatch(r"[0-9a-f]{128}", sig):
         raise GateRefused("malformed", "bad field")
     epoch = int(epoch_s)
     if service not in services:
         raise GateRefused("service", service)
-    key = key_for_epoch(epoch)
-    if not key:
+    ca = ca_for_epoch(epoch)
+    if not ca:
         raise GateRefused("epoch", str(epoch))
-    if not hmac.compare_digest(mac, _mac(key, challenge, epoch, site, service)):
-        raise GateRefused("mac", site)
+    p = TierPass(site, epoch, int(expiry_s), bytes.fromhex(pub), bytes.fromhex(pass_sig))
+    try:
+        check_pass(p, ca, now_unix)
+    except PassRefused as exc:
+        raise GateRefused(exc.reason, site) from None
+    if not verify(p.site_public, bytes.fromhex(sig), _hello_message(challenge, epoch, site, service)):
+        raise GateRefused("signature", site)
     return Hello(epoch, site, service)
 
 
@@ -180,10 +195,13 @@ class GateServer:
     """The one network listener of a gated host: authenticates each connection, then pipes it to the
     loopback port of the service its hello named. `services` may be given (and changed) after start."""
 
-    def __init__(self, host: str, port: int, key_for_epoch: KeyForEpoch, services: dict[str, int] | None = None,
+    def __init__(self, host: str, port: int, ca_for_epoch: CaForEpoch, services: dict[str, int] | None = None,
                  *, grpc_only: tuple[str, ...] = (), max_connections: int = 64, hello_timeout_s: float = 2.0,
-                 name: str = "gate", on_hello: Callable[[Hello], None] | None = None):
-        self.key_for_epoch = key_for_epoch
+                 name: str = "gate", on_hello: Callable[[Hello], None] | None = None,
+                 wall: Callable[[], float] = time.time):
+        self.ca_for_epoch = ca_for_epoch
+        self.wall = wall
+        self.sites: Counter = Counter()        # connections let through, by the site they authenticated as
         self.on_hello = on_hello
         self.services: dict[str, int] = dict(services or {})
         self.grpc_only = grpc_only
@@ -221,7 +239,8 @@ class GateServer:
             conn.settimeout(self.hello_timeout_s)
             challenge = os.urandom(16)
             conn.sendall(challenge_line(challenge))
-            hello = check_hello(_read_line(conn), challenge, self.key_for_epoch, self.services)
+            hello = check_hello(_read_line(conn), challenge, self.ca_for_epoch, self.services, self.wall())
+            self.sites[hello.site] += 1
             if self.on_hello is not None:
                 self.on_hello(hello)
             head = b""
@@ -259,15 +278,23 @@ class GateServer:
 
 class Egress:
     """A site's way out to peers' gates: one loopback listener per (gate host, gate port, service), each
-    connection accepted on it says the hello with the tier key and then pipes to the peer's service."""
+    connection accepted on it says the hello with the site's pass and then pipes to the peer's service.
+    `renew` takes the pass the broker renewed; connections made from then on carry it."""
 
-    def __init__(self, key: bytes, epoch: int, site: str, *, timeout_s: float = 5.0):
-        if len(key) < 16:
-            raise ValueError("an Egress needs the tier key (at least 16 bytes)")
-        self.key, self.epoch, self.site, self.timeout_s = key, epoch, site, timeout_s
+    def __init__(self, identity: TierIdentity, *, timeout_s: float = 5.0):
+        self.identity, self.timeout_s = identity, timeout_s
         self._tunnels: dict[tuple[str, int, str], socket.socket] = {}
         self._lock = threading.Lock()
         self.failures: Counter = Counter()
+
+    @property
+    def epoch(self) -> int:
+        return self.identity.epoch
+
+    def renew(self, identity: TierIdentity) -> None:
+        if (identity.site, identity.epoch) != (self.identity.site, self.identity.epoch):
+            raise ValueError("a renewed pass is of the same site and epoch")
+        self.identity = identity
 
     def port_for(self, host: str, gate_port: int, service: str) -> int:
         with self._lock:
@@ -293,7 +320,7 @@ class Egress:
         up = socket.create_connection((host, gate_port), timeout=self.timeout_s)
         try:
             challenge = parse_challenge(_read_line(up))
-            up.sendall(hello_line(self.key, challenge, self.epoch, self.site, service))
+            up.sendall(hello_line(self.identity, challenge, service))
             if _read_line(up, 3) != b"OK\n":
                 raise GateRefused("refused", f"the gate at {host}:{gate_port} closed on {service}")
             up.settimeout(None)
@@ -356,7 +383,7 @@ def connect_address(host: str, port: int, service: str) -> tuple[str, int]:
     gated = parse_advertised(host)
     if gated is None:
         return host, port
-    keys = {(e.key, e.epoch) for e in egress}
-    if len(keys) != 1:   # a process holds one tier's key (tests with two keys in one process must not guess)
-        raise ConnectionRefusedError(f"no single tier key in this process to reach {host} ({len(keys)} held)")
+    ids = {(e.identity.site, e.identity.epoch) for e in egress}
+    if len(ids) != 1:   # a process holds one site's pass (tests with two in one process must not guess)
+        raise ConnectionRefusedError(f"no single tier pass in this process to reach {host} ({len(ids)} held)")
     return "127.0.0.1", egress[-1].port_for(gated[0], gated[1], service)

@@ -7,8 +7,9 @@ from the round length) or with explicit `--heartbeat-timeout-ms` / `--join-timeo
 
 With `--secret-env NAME` (the variable holding the broker secret) it is gated (agent.crosssite.gate): the
 torchft binary binds a loopback port and `--port` on `--bind-host` is a gate that lets through only hellos
-under a tier key the broker derives from that secret (`schemas.credential.tier_key`), of the newest epoch it
-has seen or a newer one (a restarted xApp's sites move on; a captured key of an older epoch stops working), and
+with a site's pass signed by the epoch's CA key, which it derives from that secret as the broker does
+(`schemas.tierpass.ca_seed`), of the newest epoch it has seen or a newer one (a restarted xApp's sites move
+on; a pass of an older epoch stops working), and
 of the Lighthouse only its gRPC: the /status page and /replica/<id>/kill are not served through it. (An xApp
 that keeps its epoch in SDL only moves forward; one without SDL starts again at epoch 1 after a restart, whose key
 this gate then refuses: restart the Lighthouse with it.) It prints
@@ -83,14 +84,14 @@ def _die_with_parent() -> None:
 
 
 class EpochKeys:
-    """The tier key of an epoch, for the gate: only the newest epoch seen in a good hello, or a newer one."""
+    """The CA public key of an epoch, for the gate: only the newest epoch seen in a good hello, or a newer one."""
 
     def __init__(self, secret: str):
-        from schemas.credential import tier_key
+        from schemas.tierpass import ca_seed, public_key
 
         if not secret:
             raise ValueError("a gated Lighthouse needs the broker secret")
-        self._key = lambda epoch: tier_key(secret, epoch)
+        self._key = lambda epoch: public_key(ca_seed(secret, epoch))
         self.newest = 0
         self._lock = threading.Lock()
 
@@ -98,7 +99,7 @@ class EpochKeys:
         with self._lock:
             if epoch < self.newest:
                 return None
-            # the MAC is checked after this: the ratchet moves only on a hello that passes (see `passed`)
+            # the pass is checked after this: the ratchet moves only on a hello that passes (see `passed`)
             return self._key(epoch)
 
     def passed(self, epoch: int) -> None:

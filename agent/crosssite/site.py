@@ -22,6 +22,7 @@ import torch
 
 from agent.crosssite.rounds import LocalWork
 from agent.crosssite.tier import CrossSiteTier, TierConfig
+from schemas.tierpass import TierIdentity
 
 # Small enough that three sites plus the Lighthouse share two cores with room to spare.
 TINY = dict(block_size=32, n_layer=1, n_head=2, n_embd=32)
@@ -112,12 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     corpus = CharCorpus.shakespeare(seed=1000 + args.data_seed + 100 * args.worker_rank)
     trainer = Trainer(TrainConfig(model=GPTConfig(**TINY), seed=1337, eval_samples=args.eval_samples), corpus)
     duty = DutyCycle(tuple(float(x) for x in args.duty.split(",")))
-    config = TierConfig(lighthouse_addr=args.lighthouse, site_id=args.site_id, round_ms=args.round_ms,
-                        round_epoch_ms=args.round_epoch_ms, heartbeat_timeout_ms=args.heartbeat_timeout_ms,
-                        compression=args.compression, timeout_s=args.timeout_s,
-                        # the tier's key (hex) from the environment, as the broker would hand it (not argv: ps shows it)
-                        tier_key=bytes.fromhex(os.environ.get("WEAVER_TIER_KEY", "")), tier_epoch=args.tier_epoch,
-                        bind_host=args.tier_host)
+    tier = dict(lighthouse_addr=args.lighthouse, site_id=args.site_id, round_ms=args.round_ms,
+                round_epoch_ms=args.round_epoch_ms, heartbeat_timeout_ms=args.heartbeat_timeout_ms,
+                compression=args.compression, timeout_s=args.timeout_s,
+                # the tier's key (hex) and the site's pass from the environment, as the broker would hand them
+                # (not argv: ps shows it)
+                tier_key=bytes.fromhex(os.environ.get("WEAVER_TIER_KEY", "")), bind_host=args.tier_host)
+    if os.environ.get("WEAVER_TIER_PASS"):
+        config = TierConfig.with_identity(TierIdentity.decode(os.environ["WEAVER_TIER_PASS"]), **tier)
+    else:
+        config = TierConfig(tier_epoch=args.tier_epoch, **tier)
     log = open(args.log, "a", buffering=1)   # line-buffered: a SIGKILL loses at most the current round
 
     def emit(kind: str, **fields) -> None:

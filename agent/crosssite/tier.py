@@ -59,6 +59,7 @@ from agent.crosssite.rounds import (
     use_fednova,
     weighted_delta,
 )
+from schemas.tierpass import TierIdentity, TierPass, public_key
 
 Clock = Callable[[], float]   # unix seconds; only the shell reads the real one
 Sleep = Callable[[float], None]
@@ -86,8 +87,14 @@ class TierConfig:
     policy: RoundPolicy = field(default_factory=RoundPolicy)
     # the heal path (agent.crosssite.transport): the key the broker hands admitted sites, the interface the
     # state server binds, and the bound on the global weights a peer may hand over
-    tier_key: bytes = b""
-    tier_epoch: int = 0                # the epoch tier_key is of (the gates' hello says it)
+    tier_key: bytes = field(default=b"", repr=False)
+    tier_epoch: int = 0                # the epoch tier_key and the pass are of (the gates' hello says it)
+    # a gated tier: this site's pass (schemas.tierpass), the CA key every gate checks passes with, the site's
+    # signing key, and its pass; a renewed pass is the same config (the tier takes it without a rejoin)
+    tier_ca: bytes = b""
+    tier_site_key: bytes = field(default=b"", repr=False, compare=False)
+    tier_pass_expiry_unix: int = field(default=0, compare=False)
+    tier_pass_signature: bytes = field(default=b"", repr=False, compare=False)
     bind_host: str = "127.0.0.1"
     max_weight_norm: float = 1e4
     # robust aggregation (rounds.contribution_ok / gradient_ok): no site's round delta is larger than this
@@ -102,8 +109,9 @@ class TierConfig:
             raise ValueError(f"TierConfig.max_weight_norm must be positive, got {self.max_weight_norm}")
         if not self.lighthouse_addr.startswith(("http://", "https://", "gate://")):
             raise ValueError(f"TierConfig.lighthouse_addr must be an http(s) or gate:// URL, got {self.lighthouse_addr!r}")
-        if self.gated and not self.tier_key:
-            raise ValueError("a gated tier (lighthouse_addr gate://) needs the tier key: the broker hands it to admitted sites")
+        if self.gated and not (self.tier_key and self.identity is not None):
+            raise ValueError("a gated tier (lighthouse_addr gate://) needs the tier key and the site's tier pass: the "
+                             "broker hands both to admitted sites")
         if not self.site_id:
             raise ValueError("TierConfig.site_id must not be empty")
         if self.round_ms < 50:
@@ -125,9 +133,29 @@ class TierConfig:
         kw = dict(lighthouse_addr=msg.lighthouse_addr, site_id=site_id,
                   round_ms=msg.round_ms or 1000, round_epoch_ms=msg.round_epoch_ms,
                   heartbeat_timeout_ms=msg.heartbeat_timeout_ms or 400, tier_key=bytes(msg.tier_key),
-                  tier_epoch=msg.tier_epoch)
+                  tier_epoch=msg.tier_epoch, tier_ca=bytes(msg.tier_ca), tier_site_key=bytes(msg.tier_site_key),
+                  tier_pass_expiry_unix=msg.tier_pass_expiry_unix, tier_pass_signature=bytes(msg.tier_pass_signature))
         kw.update(overrides)
         return cls(**kw)
+
+    @classmethod
+    def with_identity(cls, identity: TierIdentity, **kw) -> TierConfig:
+        """A config holding `identity` (its epoch, CA key, site key and pass)."""
+        p = identity.tier_pass
+        return cls(tier_epoch=p.epoch, tier_ca=identity.ca_public, tier_site_key=identity.site_key,
+                   tier_pass_expiry_unix=p.expiry_unix, tier_pass_signature=p.ca_signature, **kw)
+
+    @property
+    def identity(self) -> TierIdentity | None:
+        """This site's tier pass with its key, or None (none was handed, or it is not well formed)."""
+        if len(self.tier_ca) != 32 or len(self.tier_site_key) != 32 or len(self.tier_pass_signature) != 64:
+            return None
+        try:
+            p = TierPass(self.site_id, self.tier_epoch, self.tier_pass_expiry_unix, public_key(self.tier_site_key),
+                         self.tier_pass_signature)
+        except ValueError:
+            return None
+        return TierIdentity(p, self.tier_site_key, self.tier_ca)
 
     @property
     def gated(self) -> bool:
@@ -403,10 +431,10 @@ class CrossSiteTier:
         inner, advertised, lighthouse = c.bind_host, c.bind_host, c.lighthouse_addr
         if c.gated:
             inner = "127.0.0.1"
-            self.gate = gate.GateServer(c.bind_host, 0, lambda e: key if e == c.tier_epoch else None,
+            self.gate = gate.GateServer(c.bind_host, 0, lambda e: c.tier_ca if e == c.tier_epoch else None,
                                         name=f"gate:{c.site_id}").start()
             advertised = gate.advertise(c.bind_host, self.gate.port)
-            self.egress = gate.Egress(key, c.tier_epoch, c.site_id)
+            self.egress = gate.Egress(c.identity)
             gate.register_egress(self.egress)
             u = urllib.parse.urlsplit(c.lighthouse_addr)
             lighthouse = f"http://127.0.0.1:{self.egress.port_for(u.hostname, u.port, 'lighthouse')}"
@@ -619,6 +647,13 @@ class CrossSiteTier:
             red.rollback()
         self.ledger.settle(ex.site_tokens, stats.tokens, committed)
         ex.stats, ex.fednova, ex.committed = stats, fednova, committed
+
+    def renew(self, config: TierConfig) -> None:
+        """The broker renewed this site's tier pass (the same tier otherwise): new connections carry it."""
+        self.config = config
+        ident = config.identity
+        if self.egress is not None and ident is not None and ident.tier_pass != self.egress.identity.tier_pass:
+            self.egress.renew(ident)
 
     def close(self) -> None:
         from agent.crosssite import gate

@@ -56,13 +56,13 @@ def _is_gate(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=2) as c:
             c.settimeout(0.5)
-            return c.recv(7) == b"WGATE1 "
+            return c.recv(7) == b"WGATE2 "
     except OSError:
         return False
 
 
 def _beyond_challenge(answer: bytes) -> bytes:
-    return answer.split(b"\n", 1)[1] if answer.startswith(b"WGATE1 ") and b"\n" in answer else answer
+    return answer.split(b"\n", 1)[1] if answer.startswith(b"WGATE2 ") and b"\n" in answer else answer
 
 
 def _state_bytes(value: float) -> bytes:

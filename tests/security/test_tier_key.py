@@ -8,11 +8,23 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import time
+from dataclasses import replace
 
 import grpc
+import pytest
 
+from schemas import tierpass
 from schemas.credential import tier_key
-from tests.security.test_broker_identity import SECRET, Peer, make_cfg, register, site_credential, with_broker
+from tests.security.test_broker_identity import (
+    SECRET,
+    Peer,
+    heartbeat,
+    make_cfg,
+    register,
+    site_credential,
+    with_broker,
+)
 
 
 def test_the_welcome_of_an_admitted_site_carries_the_epochs_tier_key_and_a_refused_one_gets_nothing(monkeypatch):
@@ -31,3 +43,46 @@ def test_the_welcome_of_an_admitted_site_carries_the_epochs_tier_key_and_a_refus
     assert welcome.cross_site.tier_key == want
     assert tier_key(SECRET, 8) != want                 # the next epoch's key is another
     assert len(tier_key(None, 7)) == 32 and tier_key(None, 7) != tier_key(None, 7)   # dev mode: random per start
+
+
+def _pass_of(cs, site: str):
+    """The TierPass a site's CrossSiteConfig carries, checked under its CA key; PassRefused if it does not hold."""
+    p = tierpass.TierPass(site, cs.tier_epoch, cs.tier_pass_expiry_unix, tierpass.public_key(bytes(cs.tier_site_key)),
+                          bytes(cs.tier_pass_signature))
+    tierpass.check_pass(p, bytes(cs.tier_ca), time.time())
+    return p
+
+
+def test_each_admitted_site_gets_a_pass_of_its_own_and_it_is_renewed_while_the_site_is_admitted(monkeypatch):
+    """Issue 26 item 1, per site: the Welcome carries the site's own tier pass (schemas.tierpass), signed by the
+    epoch's CA key, which the gated Lighthouse derives from the same secret; it names that site and no other (a
+    site cannot pass for another at a gate), and the broker renews it on the site's heartbeat at half its life."""
+    monkeypatch.setenv("TEST_BROKER_SECRET", SECRET)
+    cfg = make_cfg("TEST_BROKER_SECRET")
+    cfg = replace(cfg, broker=replace(cfg.broker, tier_pass_s=10))
+
+    async def body(broker, ch, ledger, port):
+        s1 = Peer(ch, register("s1", site_credential(SECRET, "s1"), agent="a1"))
+        s2 = Peer(ch, register("s2", site_credential(SECRET, "s2"), agent="a2"))
+        w1, w2 = (await s1.read()).welcome, (await s2.read()).welcome
+        await s1.read()
+        broker.wall = lambda: time.time() + 6           # past half the pass's life: the next heartbeat renews it
+        s1.q.put_nowait(heartbeat(1))
+        got = []
+        while len(got) < 2:
+            got.append(await s1.read())
+        s1.call.cancel()
+        s2.call.cancel()
+        return w1, w2, got
+
+    w1, w2, got = with_broker(cfg, body)
+    p1, p2 = _pass_of(w1.cross_site, "s1"), _pass_of(w2.cross_site, "s2")
+    assert w1.cross_site.tier_ca == w2.cross_site.tier_ca == tierpass.public_key(tierpass.ca_seed(SECRET, 7))
+    assert p1.site_public != p2.site_public and w1.cross_site.tier_site_key != w2.cross_site.tier_site_key
+    assert time.time() + 5 < p1.expiry_unix <= time.time() + 10
+    with pytest.raises(tierpass.PassRefused):            # s1's pass does not name s2
+        _pass_of(w1.cross_site, "s2")
+    renewed = [m.cross_site for m in got if m.WhichOneof("body") == "cross_site"]
+    assert len(renewed) == 1 and renewed[0].tier_pass_expiry_unix > p1.expiry_unix
+    assert renewed[0].tier_site_key == w1.cross_site.tier_site_key     # the same key: only the expiry moves
+    _pass_of(renewed[0], "s1")
