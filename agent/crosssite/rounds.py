@@ -172,6 +172,55 @@ def contribution_ok(global_flat: torch.Tensor, local_flat: torch.Tensor, max_del
     return float((local_flat - global_flat).double().norm()) <= max_delta_norm
 
 
+def slotted(row: torch.Tensor, rank: int | None, n: int) -> torch.Tensor:
+    """`row` in slot `rank` of an n-row tensor, zeros elsewhere: its SUM all-reduce is an all-gather, so every
+    site gets every site's own row and can check each one before anything is summed (None: this replica is
+    not a participant and sends nothing)."""
+    out = torch.zeros((n, *row.shape), dtype=row.dtype)
+    if rank is not None and 0 <= rank < n:
+        out[rank] = row
+    return out
+
+
+MAX_SITE_WORKERS = 1024     # workers one site's row may sum (agent.crosssite.aggregate.SiteReducer)
+
+
+def stats_row_ok(row: torch.Tensor) -> bool | None:
+    """Whether one gathered statistics row can be one site's: the sum of its workers' honest LocalWork
+    (stats_tensor each); None for an empty slot (a replica that sent nothing). A row another peer wrote into,
+    or one that claims what no set of workers can (tokens with no contributor, fewer steps than contributors,
+    step moments no step counts give), is not one site's and is dropped."""
+    if not bool(row.any()):
+        return None
+    try:
+        st = RoundStats.from_tensor(row)
+    except ValueError:
+        return False
+    if not 1 <= st.sites <= MAX_SITE_WORKERS or not 0 <= st.contributors <= st.sites:
+        return False
+    if (st.tokens > 0) != (st.contributors > 0):
+        return False
+    if st.contributors == 0:
+        return st.steps == st.steps2 == st.token_steps == 0
+    # each contributor made >= 1 step: Σ τ >= n, Σ τ² between (Σ τ)² / n and (Σ τ)², Σ tτ between Σ t and Σ t · Σ τ
+    n, steps, tol = st.contributors, st.steps, 1e-9
+    return (steps >= n and steps * steps / n * (1 - tol) <= st.steps2 <= steps * steps * (1 + tol)
+            and st.tokens * (1 - tol) <= st.token_steps <= st.tokens * steps * (1 + tol))
+
+
+def payload_row_ok(row: torch.Tensor, stats_row: torch.Tensor, max_delta_norm: float) -> bool:
+    """Whether one gathered payload row can be its site's summed weighted deltas (weighted_delta per worker):
+    finite, zero for a site that did nothing, and no larger than its tokens times max_delta_norm (each worker's
+    t·Δ, or t·Δ/τ under FedNova, is at most t times the bound)."""
+    row = row.to(torch.float32)
+    if not torch.isfinite(row).all():
+        return False
+    tokens = float(stats_row[STAT_TOKENS])
+    if tokens <= 0:
+        return not bool(row.any())
+    return float(row.double().norm()) <= tokens * max_delta_norm * 1.01    # bf16 rounding of the wire
+
+
 def gradient_ok(g: torch.Tensor, max_delta_norm: float, fednova: bool) -> bool:
     """Whether a round's reduced outer gradient can be what admitted contributions sum to: each contributor's
     delta is within `max_delta_norm`, so their token-weighted mean is too (FedNova's τ rescaling can move it by

@@ -54,6 +54,9 @@ from agent.crosssite.rounds import (
     gradient_ok,
     merged,
     outer_gradient,
+    payload_row_ok,
+    slotted,
+    stats_row_ok,
     stats_tensor,
     unflatten_into,
     use_fednova,
@@ -223,6 +226,7 @@ class RoundRecord:
     loss: float
     checksum: str            # of the global weights after the round
     dropped_own: bool = False   # this site's weights were not fit to send (non-finite, beyond the delta bound)
+    dropped_peers: int = 0      # gathered rows of this round that could not be an honest site's, left out
     refused: str = ""           # why the reduced sum, or the step it gave, was refused ("" = it was not)
 
     def to_json(self) -> dict:
@@ -259,6 +263,7 @@ class _Exchange:
     committed: bool = False
     healed: bool = False
     dropped_own: bool = False
+    dropped_peers: int = 0
     refused: str = ""
     t_quorum: float = 0.0
     t_done: float = 0.0
@@ -409,6 +414,7 @@ class CrossSiteTier:
         self.advertised = ""
         self.dropped_contributions = 0    # rounds this site sat out: its own weights were not fit to send
         self.refused_rounds = 0           # rounds whose reduced sum, or the step it gave, was refused
+        self.dropped_peer_rows = 0        # peers' gathered rows left out of a round (robust aggregation)
         if self.reducer.leader:
             self._start_manager()
 
@@ -542,7 +548,7 @@ class CrossSiteTier:
             idle_ms=0.0, work_ms=(snap.taken_at - self._last_snapshot_at) * 1000,
             quorum_ms=(ex.t_quorum - snap.taken_at) * 1000, wait_ms=(ex.t_done - ex.t_quorum) * 1000,
             committed_total=self.ledger.committed_total, loss=snap.work.loss, checksum=checksum(self.global_flat),
-            dropped_own=ex.dropped_own, refused=ex.refused)
+            dropped_own=ex.dropped_own, dropped_peers=ex.dropped_peers, refused=ex.refused)
         self._last_snapshot_at = snap.taken_at
         if self.on_round is not None:
             self.on_round(rec)
@@ -604,10 +610,18 @@ class CrossSiteTier:
         work = LocalWork(0, 0) if healed or head[4] or not own_ok else snap.work
         ex.dropped_own = not own_ok
 
+        # Robust aggregation (issue 26 item 3): the statistics and the payload are gathered, not summed (a SUM
+        # all-reduce of one slot per participant), so every site checks every site's own row and sums only the
+        # rows that can be an honest site's; a peer's non-finite, out-of-bound or inconsistent row is dropped and
+        # counted, and the others' round commits. Every site sees the same rows and decides the same.
         stats_t = red.reduce_stats(stats_tensor(work))
         ex.site_tokens = int(stats_t[0]) if red.leader else work.tokens   # the site's, not one worker's
+        rows, kept = None, []
         if red.leader:
-            self._allreduce(stats_t, ReduceOp.SUM)
+            n, rank = max(1, ex.participants), self.manager.participating_rank()
+            rows = self._allreduce(slotted(stats_t, rank, n), ReduceOp.SUM)
+            kept = [r for r in range(n) if stats_row_ok(rows[r])]
+            stats_t = rows[kept].sum(0) if kept else torch.zeros_like(stats_t)
         red.broadcast(stats_t)
         errored = red.leader and self.manager.errored() is not None
         try:
@@ -620,10 +634,19 @@ class CrossSiteTier:
         verdict = torch.zeros(1, dtype=torch.float64)
         if red.leader:
             wire = self.wan_feedback.compress(payload)
-            self._allreduce(wire, ReduceOp.SUM)
+            n = rows.shape[0]
+            gathered = self._allreduce(slotted(wire, self.manager.participating_rank(), n), ReduceOp.SUM)
+            dropped = [r for r in range(n) if stats_row_ok(rows[r]) is False
+                       or (r in kept and not payload_row_ok(gathered[r], rows[r], self.config.max_delta_norm))]
+            kept = [r for r in kept if r not in dropped]
+            ex.dropped_peers = len(dropped)
+            self.dropped_peer_rows += len(dropped)
+            if dropped:
+                stats = RoundStats.from_tensor(rows[kept].sum(0)) if kept else RoundStats(0, 0, 0, 0, 0, 0)
+            summed = gathered[kept].to(torch.float32).sum(0) if kept else torch.zeros_like(payload)
             committed = self.manager.should_commit() and not errored
             if committed:
-                g = outer_gradient(wire.to(torch.float32), stats, fednova)
+                g = outer_gradient(summed, stats, fednova)
                 if g is not None and not gradient_ok(g, self.config.max_delta_norm, fednova):
                     committed, ex.refused = False, "sum beyond what its contributions allow"
                 elif g is not None:

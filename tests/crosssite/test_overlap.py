@@ -186,9 +186,11 @@ def test_a_site_with_non_finite_weights_sits_the_round_out_and_the_global_model_
     torch.testing.assert_close(tier.global_flat, before)       # nothing was contributed, nothing moved
 
 
-@pytest.mark.parametrize("scale, why", [(float("inf"), "sum beyond"), (1e6, "sum beyond")])
-def test_a_reduced_sum_beyond_what_contributions_allow_commits_nowhere(monkeypatch, scale, why):
-    class Inflating(SoloManager):        # a peer that adds far more than it could have trained
+@pytest.mark.parametrize("scale", [float("inf"), 1e6])
+def test_a_row_inflated_in_the_all_reduce_is_dropped_and_moves_nothing(monkeypatch, scale):
+    """A peer that adds far more than any site could have trained (here to the only row there is): the row is
+    not one honest site's, so it is dropped and counted, and the global model and the ledger do not move."""
+    class Inflating(SoloManager):
         def allreduce(self, t, reduce_op):
             if t.numel() > 64:
                 t.mul_(scale)
@@ -199,7 +201,7 @@ def test_a_reduced_sum_beyond_what_contributions_allow_commits_nowhere(monkeypat
     before = tier.global_flat.clone()
     tier.begin(_train(trainer, 1))
     rec = _wait_landed(tier)
-    assert not rec.committed and why in rec.refused and tier.refused_rounds == 1
+    assert rec.dropped_peers == 1 and tier.dropped_peer_rows == 1, rec
     torch.testing.assert_close(tier.global_flat, before)
     assert tier.ledger.committed_total == 0
 
@@ -237,3 +239,65 @@ def test_an_undone_step_leaves_the_outer_momentum_as_it_was(monkeypatch):
     assert not rec.committed and "bound" in rec.refused
     torch.testing.assert_close(tier.global_flat, weights)
     torch.testing.assert_close(tier.outer.heal_state()["momentum"], momentum)
+
+
+class _WithPeer(SoloManager):
+    """A quorum of two: this site (rank 0) and a peer whose gathered rows the test writes (rank 1), as the SUM
+    all-reduce of the slotted rows hands them to every site."""
+
+    def __init__(self, peer_stats, peer_payload):
+        super().__init__()
+        self.peer_stats, self.peer_payload = peer_stats, peer_payload
+
+    def num_participants(self):
+        return 2
+
+    def allreduce(self, t, reduce_op):
+        if t.dim() == 2 and t.shape[0] == 2:          # a gathered tensor: the peer's slot
+            t[1] += (self.peer_stats if t.shape[1] == 6 else self.peer_payload(t.shape[1])).to(t.dtype)
+        return super().allreduce(t, reduce_op)
+
+
+def _peer_stats(tokens: int, steps: int = 1) -> torch.Tensor:
+    from agent.crosssite.rounds import stats_tensor
+    return stats_tensor(LocalWork(tokens, steps, 1.0))
+
+
+@pytest.mark.parametrize("what, stats, payload", [
+    ("non-finite", _peer_stats(128), lambda n: torch.full((n,), float("nan"))),
+    ("beyond the bound", _peer_stats(128), lambda n: torch.full((n,), 1e6)),
+    ("step moments no steps give", torch.tensor([128., 128., 1., 4., 1., 1.], dtype=torch.float64),
+     lambda n: torch.zeros(n)),
+    ("tokens with no contributor", torch.tensor([5., 5., 1., 1., 0., 1.], dtype=torch.float64),
+     lambda n: torch.zeros(n)),
+])
+def test_an_insiders_bad_row_is_dropped_and_counted_and_the_others_round_commits(monkeypatch, what, stats, payload):
+    """Issue 26 item 3, against an admitted site: before, contributions were summed in one all-reduce, so one
+    insider's huge or NaN delta made every site refuse the round (or, within the sum's bound, moved the model).
+    Now each site's rows are gathered and checked before anything is summed: the bad row is left out, counted,
+    and the honest site's round commits with its own delta only."""
+    _solo(monkeypatch, _WithPeer(stats, payload))
+    trainer = _trainer()
+    tier = CrossSiteTier(trainer.model, TierConfig("http://127.0.0.1:1", "s0", round_ms=1000, max_delta_norm=50.0))
+    before = tier.global_flat.clone()
+    work = _train(trainer, 1)
+    local = _flat(trainer)
+    tier.begin(work)
+    rec = _wait_landed(tier)
+    assert rec.committed and rec.dropped_peers == 1 and tier.dropped_peer_rows == 1, (what, rec)
+    assert torch.isfinite(tier.global_flat).all()
+    assert not torch.equal(tier.global_flat, before)                    # the honest site's work went in
+    assert float((tier.global_flat - before).norm()) <= float((local - before).norm()) * 1.5 + 1e-6
+    assert tier.ledger.committed_total == work.tokens                   # the dropped peer's tokens did not count
+
+
+def test_an_honest_peers_row_is_summed(monkeypatch):
+    """The control: a peer row that can be an honest site's enters the round (nothing dropped)."""
+    _solo(monkeypatch, _WithPeer(_peer_stats(128), lambda n: torch.full((n,), 1e-4) * 128))
+    trainer = _trainer()
+    tier = CrossSiteTier(trainer.model, TierConfig("http://127.0.0.1:1", "s0", round_ms=1000, max_delta_norm=50.0))
+    work = _train(trainer, 1)
+    tier.begin(work)
+    rec = _wait_landed(tier)
+    assert rec.committed and rec.dropped_peers == 0
+    assert tier.ledger.committed_total == work.tokens + 128

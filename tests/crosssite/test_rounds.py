@@ -223,3 +223,26 @@ def test_lighthouse_timeouts_fit_the_round():
         LighthouseConfig.for_rounds(10)
     with pytest.raises(ValueError):
         LighthouseConfig(heartbeat_timeout_ms=0)
+
+
+def test_a_gathered_row_of_any_honest_workers_passes_and_an_impossible_one_does_not():
+    """Robust aggregation's row check (rounds.stats_row_ok / payload_row_ok) never drops an honest site, however
+    many workers its row sums (a two-worker site's row once failed a one-site rule), and drops what no site sends."""
+    import random
+
+    from agent.crosssite.rounds import LocalWork, payload_row_ok, stats_row_ok, stats_tensor
+    rng = random.Random(5)
+    for _ in range(500):
+        works = [LocalWork(t, rng.randint(1, 9), 1.0) if (t := rng.choice([0, rng.randint(1, 5000)])) else LocalWork(0, 0)
+                 for _ in range(rng.randint(1, 6))]
+        row = sum((stats_tensor(w) for w in works), torch.zeros(6, dtype=torch.float64))
+        assert stats_row_ok(row) is True, works
+        tokens = sum(w.tokens for w in works)
+        payload = torch.full((10,), 0.01) * tokens
+        assert payload_row_ok(payload, row, max_delta_norm=1.0)
+        assert not payload_row_ok(payload * 1e3, row, max_delta_norm=1.0) or tokens == 0
+    assert stats_row_ok(torch.zeros(6, dtype=torch.float64)) is None                     # an empty slot
+    for bad in ([5, 5, 1, 1, 0, 1], [128, 128, 1, 4, 1, 1], [128, 1, 1, 1, 1, 1], [1, 1, 1, 1, 2, 1],
+                [float("nan")] * 6, [-1, 0, 0, 0, 0, 1]):
+        assert stats_row_ok(torch.tensor(bad, dtype=torch.float64)) is False, bad
+    assert not payload_row_ok(torch.ones(4), torch.tensor([0, 0, 0, 0, 0, 1.], dtype=torch.float64), 1.0)

@@ -38,6 +38,9 @@ class SoloManager:
     def num_participants(self):
         return 1
 
+    def participating_rank(self):
+        return 0
+
     def current_step(self):
         return 0
 
