@@ -142,7 +142,7 @@ class LeaseBroker:
                                         round_epoch_ms=b.round_epoch_ms,
                                         heartbeat_timeout_ms=b.heartbeat_ms * b.agent_timeout_heartbeats,
                                         tier_key=self.tier_key, tier_epoch=self.book.epoch, tier_ca=self.tier_ca)
-        if site_id:
+        if site_id and b.lighthouse_addr:      # no tier, no pass (nor its renewals)
             ident = tierpass.issue(self._tier_ca, self.book.epoch, site_id, int(self.wall()) + b.tier_pass_s)
             msg.tier_site_key = ident.site_key
             msg.tier_pass_expiry_unix = ident.tier_pass.expiry_unix

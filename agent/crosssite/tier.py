@@ -44,6 +44,7 @@ from torch.distributed import ReduceOp, TCPStore
 
 from agent.crosssite.aggregate import ErrorFeedback, SiteReducer, wire_bytes
 from agent.crosssite.rounds import (
+    N_STATS,
     LocalWork,
     OuterOptimizer,
     RoundPolicy,
@@ -616,33 +617,36 @@ class CrossSiteTier:
         # counted, and the others' round commits. Every site sees the same rows and decides the same.
         stats_t = red.reduce_stats(stats_tensor(work))
         ex.site_tokens = int(stats_t[0]) if red.leader else work.tokens   # the site's, not one worker's
-        rows, kept = None, []
+        rows, kept, rank = None, [], None
         if red.leader:
             n, rank = max(1, ex.participants), self.manager.participating_rank()
             rows = self._allreduce(slotted(stats_t, rank, n), ReduceOp.SUM)
-            kept = [r for r in range(n) if stats_row_ok(rows[r])]
+            row_ok = [stats_row_ok(rows[r]) for r in range(n)]     # None: an empty slot
+            kept = [r for r in range(n) if row_ok[r]]
+            ex.dropped_peers = row_ok.count(False)
             stats_t = rows[kept].sum(0) if kept else torch.zeros_like(stats_t)
         red.broadcast(stats_t)
         errored = red.leader and self.manager.errored() is not None
         try:
             stats = RoundStats.from_tensor(stats_t)
         except ValueError:   # a corrupted reduction (a peer died mid-collective): the round cannot commit
-            stats, errored = RoundStats(0, 0, 0, 0, 0, 0), True
+            stats, errored, stats_t = RoundStats(0, 0, 0, 0, 0, 0), True, torch.zeros_like(stats_t)
         fednova = use_fednova(stats, self.config.policy)
 
         payload = red.reduce_payload(weighted_delta(self.global_flat, snap.local_flat, work, fednova))
-        verdict = torch.zeros(1, dtype=torch.float64)
+        # the verdict, and the statistics of the rows the round kept: a site's workers settle the same ledger
+        verdict = torch.zeros(1 + N_STATS, dtype=torch.float64)
+        verdict[1:] = stats_t
         if red.leader:
             wire = self.wan_feedback.compress(payload)
-            n = rows.shape[0]
-            gathered = self._allreduce(slotted(wire, self.manager.participating_rank(), n), ReduceOp.SUM)
-            dropped = [r for r in range(n) if stats_row_ok(rows[r]) is False
-                       or (r in kept and not payload_row_ok(gathered[r], rows[r], self.config.max_delta_norm))]
-            kept = [r for r in kept if r not in dropped]
-            ex.dropped_peers = len(dropped)
-            self.dropped_peer_rows += len(dropped)
-            if dropped:
-                stats = RoundStats.from_tensor(rows[kept].sum(0)) if kept else RoundStats(0, 0, 0, 0, 0, 0)
+            gathered = self._allreduce(slotted(wire, rank, rows.shape[0]), ReduceOp.SUM)
+            bad = [r for r in kept if not payload_row_ok(gathered[r], rows[r], self.config.max_delta_norm)]
+            if bad:
+                kept = [r for r in kept if r not in bad]
+                ex.dropped_peers += len(bad)
+                verdict[1:] = rows[kept].sum(0) if kept else 0.0
+                stats = RoundStats.from_tensor(verdict[1:])
+            self.dropped_peer_rows += ex.dropped_peers
             summed = gathered[kept].to(torch.float32).sum(0) if kept else torch.zeros_like(payload)
             committed = self.manager.should_commit() and not errored
             if committed:
@@ -664,6 +668,8 @@ class CrossSiteTier:
             verdict[0] = float(committed)
         red.broadcast(verdict)
         committed = bool(verdict[0])
+        if not red.leader:
+            stats = RoundStats.from_tensor(verdict[1:])
         if red.world_size > 1:
             red.broadcast(self.global_flat)
         if not committed:

@@ -59,7 +59,7 @@ def test_each_admitted_site_gets_a_pass_of_its_own_and_it_is_renewed_while_the_s
     site cannot pass for another at a gate), and the broker renews it on the site's heartbeat at half its life."""
     monkeypatch.setenv("TEST_BROKER_SECRET", SECRET)
     cfg = make_cfg("TEST_BROKER_SECRET")
-    cfg = replace(cfg, broker=replace(cfg.broker, tier_pass_s=10))
+    cfg = replace(cfg, broker=replace(cfg.broker, tier_pass_s=10, lighthouse_addr="gate://127.0.0.2:29510"))
 
     async def body(broker, ch, ledger, port):
         s1 = Peer(ch, register("s1", site_credential(SECRET, "s1"), agent="a1"))
@@ -86,3 +86,18 @@ def test_each_admitted_site_gets_a_pass_of_its_own_and_it_is_renewed_while_the_s
     assert len(renewed) == 1 and renewed[0].tier_pass_expiry_unix > p1.expiry_unix
     assert renewed[0].tier_site_key == w1.cross_site.tier_site_key     # the same key: only the expiry moves
     _pass_of(renewed[0], "s1")
+
+
+def test_a_broker_with_no_tier_hands_out_no_pass(monkeypatch):
+    """No Lighthouse configured: no tier, so no site key, no pass and no renewals on the stream."""
+    monkeypatch.setenv("TEST_BROKER_SECRET", SECRET)
+
+    async def body(broker, ch, ledger, port):
+        agent = Peer(ch, register("s1", site_credential(SECRET, "s1")))
+        welcome = (await agent.read()).welcome
+        agent.call.cancel()
+        return welcome, broker.sessions.get("s1")
+
+    welcome, _ = with_broker(make_cfg("TEST_BROKER_SECRET"), body)
+    cs = welcome.cross_site
+    assert not cs.lighthouse_addr and not cs.tier_site_key and not cs.tier_pass_signature and cs.tier_pass_expiry_unix == 0
