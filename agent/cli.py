@@ -287,13 +287,20 @@ def _stop_on_signals(sup) -> None:
     thread between two bytecodes, possibly inside a lock that thread holds: one that set the stop Event there
     deadlocked on the Event's own lock when a second SIGTERM came during the first one's `set` (a SIGKILLed
     `weaver up`: the kernel's SIGTERM, then the group's), and the agent never stopped. The handler only
-    writes a byte (async-signal-safe, no lock); the thread that reads it stops the supervisor."""
+    ignores further signals and writes a byte (no lock); the thread that reads it stops the supervisor."""
     r, w = os.pipe()          # not inherited by the worker (PEP 446)
     os.set_blocking(w, False)
 
     def on_signal(*_) -> None:
-        with contextlib.suppress(OSError):   # a full pipe: a stop is already on its way
+        # The first one stops the agent; the kernel drops the rest. Python runs this between bytecodes, so a
+        # storm of them nested it inside itself (each call a few frames) until a RecursionError (a fresh-clone
+        # run); ignored from its first line on, at most the one or two already tripped can still come in.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
             os.write(w, b"s")
+        except OSError:      # a full pipe: a stop is already on its way
+            pass
 
     def wait() -> None:
         os.read(r, 1)

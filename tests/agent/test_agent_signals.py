@@ -1,7 +1,8 @@
 """The agent stops on SIGTERM however many come and whenever: a handler that set the stop Event itself ran on
 the main thread between bytecodes and, re-entered by a second SIGTERM inside the first one's `Event.set`,
 deadlocked on the Event's lock (a fresh-clone run: a SIGKILLed `weaver up` left an agent and its worker
-running for good). The handler now only writes a byte; a thread of its own stops the supervisor."""
+running for good). The handler now only writes a byte and ignores the signals that follow (a storm of them once nested it to a
+RecursionError); a thread of its own stops the supervisor."""
 from __future__ import annotations
 
 import os
