@@ -374,5 +374,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def exit_process(rc: int) -> None:
+    """End the process once everything it holds has been released explicitly (the supervisor's shutdown:
+    the worker stopped, the cgroups removed, the stream closed; the worker's: its last checkpoint and
+    snapshot written). Interpreter finalization is skipped on purpose: gRPC's and torch's threads are still
+    alive then, and one that wakes after finalization has begun is ended by pthread_exit, whose unwinding
+    through a C++ noexcept frame is std::terminate (an abort, "terminate called without an active exception"
+    at the end of an agent's log in a CI run)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(rc)
+
+
+def entry() -> None:
+    """The `weaver-agent` console script and `python -m agent.cli`."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

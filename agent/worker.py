@@ -219,4 +219,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from agent.cli import exit_process
+    exit_process(main())
