@@ -12,6 +12,8 @@ Layout in one SDL namespace (default `weaver`), msgpack values:
   cost/<site_id>                dict                 (learned PHY cost model)
   control_cursor                int                  (last RC control id used: a restart does not reuse ids)
   leader                        {owner, until}       (the control leader lease, compare-and-set)
+  shard/<k>                     {owner, until, epoch} (a shard of sites' claim, compare-and-set: xapp.shards)
+  replica/<id>                  {until}              (a live replica's heartbeat: the shard assignment's members)
 Times stored here are wall-clock unix seconds: monotonic time means nothing to the next process.
 
 Compare-and-set: ricsdl's `set_if` is OSC DBaaS's SETIE module command; a vanilla Redis has no such
@@ -28,6 +30,8 @@ from typing import Any
 import msgpack
 from ricsdl.exceptions import RejectedByBackend
 from ricxappframe.xapp_sdl import SDLWrapper
+
+from xapp.shards import ShardClaim
 
 log = logging.getLogger("weaver.xapp.state")
 
@@ -254,6 +258,65 @@ class XappStore:
             return False
         return self._cas(LEADER_KEY, raw, _leader_bytes(owner, 0.0))
 
+    # shards of sites (xapp.shards): a claim per shard, a heartbeat per replica
+    def shard_claims(self) -> dict[int, ShardClaim]:
+        out = {}
+        for key, raw in self.sdl.find_and_get(self.ns, "shard/", usemsgpack=False).items():
+            c = _claim_value(int(key.split("/", 1)[1]), raw)
+            out[c.shard] = c
+        return out
+
+    def acquire_shard(self, shard: int, owner: str, ttl_s: float, now_unix: float) -> ShardClaim | None:
+        """Claim `shard` until `now_unix + ttl_s` if it is unclaimed or its claim has expired: the epoch grows
+        by one (the fencing token a takeover is known by). None if another replica holds it, or another
+        contender's compare-and-set came first."""
+        key = f"shard/{shard}"
+        raw = self.sdl.get(self.ns, key, usemsgpack=False)
+        epoch = 0
+        if raw is not None:
+            cur = _claim_value(shard, raw)
+            if cur.live(now_unix):
+                return cur if cur.owner == owner else None
+            epoch = cur.epoch
+        new = ShardClaim(shard, owner, now_unix + ttl_s, epoch + 1)
+        return new if self._cas(key, raw, _claim_bytes(new)) else None
+
+    def renew_shard(self, shard: int, owner: str, epoch: int, ttl_s: float, now_unix: float) -> bool:
+        """Extend our claim taken at `epoch`; False if the claim is not that one any more (expired and taken
+        over, released): then we do not control the shard and must stop at once."""
+        key = f"shard/{shard}"
+        raw = self.sdl.get(self.ns, key, usemsgpack=False)
+        if raw is None:
+            return False
+        cur = _claim_value(shard, raw)
+        if cur.owner != owner or cur.epoch != epoch or not cur.live(now_unix):
+            return False
+        return self._cas(key, raw, _claim_bytes(ShardClaim(shard, owner, now_unix + ttl_s, epoch)))
+
+    def release_shard(self, shard: int, owner: str, epoch: int) -> bool:
+        """End our claim now (after its sites' leases were revoked); True if it was still ours."""
+        key = f"shard/{shard}"
+        raw = self.sdl.get(self.ns, key, usemsgpack=False)
+        if raw is None:
+            return False
+        cur = _claim_value(shard, raw)
+        if cur.owner != owner or cur.epoch != epoch:
+            return False
+        return self._cas(key, raw, _claim_bytes(ShardClaim(shard, owner, 0.0, epoch)))
+
+    def beat_replica(self, replica_id: str, ttl_s: float, now_unix: float) -> None:
+        self.sdl.set(self.ns, f"replica/{replica_id}", {"until": float(now_unix + ttl_s)})
+
+    def leave_replica(self, replica_id: str) -> None:
+        self.sdl.delete(self.ns, f"replica/{replica_id}")
+
+    def live_replicas(self, now_unix: float) -> list[str]:
+        out = []
+        for key, v in self.sdl.find_and_get(self.ns, "replica/").items():
+            if isinstance(v, dict) and isinstance(v.get("until"), int | float) and v["until"] > now_unix:
+                out.append(key.split("/", 1)[1])
+        return sorted(out)
+
     def snapshot(self) -> Snapshot:
         return Snapshot(self.subscriptions(), self.sites(), self.leases(), self.cost_models(), self.epoch(),
                         self.control_cursor())
@@ -275,6 +338,18 @@ def _leader_value(raw: bytes) -> tuple[str, float]:
         return str(d["owner"]), float(d["until"])
     except Exception as exc:  # noqa: BLE001 - whatever is there, it is not a leader record we can read
         raise StateError(f"SDL holds an unreadable leader record: {exc}") from None
+
+
+def _claim_bytes(c: ShardClaim) -> bytes:
+    return msgpack.packb({"owner": c.owner, "until": float(c.until_unix), "epoch": int(c.epoch)}, use_bin_type=True)
+
+
+def _claim_value(shard: int, raw: bytes) -> ShardClaim:
+    try:
+        d = msgpack.unpackb(raw, raw=False)
+        return ShardClaim(shard, str(d["owner"]), float(d["until"]), int(d["epoch"]))
+    except Exception as exc:  # noqa: BLE001 - whatever is there, it is not a claim we can read
+        raise StateError(f"SDL holds an unreadable claim of shard {shard}: {exc}") from None
 
 
 def open_store(namespace: str = "weaver", env: dict[str, str] | None = None) -> XappStore:
