@@ -96,10 +96,16 @@ class LeaseClientConfig:
     def __post_init__(self) -> None:
         if not self.site_id:
             raise ValueError("LeaseClientConfig.site_id must not be empty")
-        if ":" not in self.broker:
-            raise ValueError(f"LeaseClientConfig.broker must be host:port, got {self.broker!r}")
+        if not self.brokers or any(":" not in b for b in self.brokers):
+            raise ValueError(f"LeaseClientConfig.broker must be host:port (or a comma-separated list of the "
+                             f"xApp replicas' brokers), got {self.broker!r}")
         if self.heartbeat_ms < 1 or not 0 < self.backoff_initial_s <= self.backoff_max_s:
             raise ValueError("LeaseClientConfig needs heartbeat_ms >= 1 and 0 < backoff_initial_s <= backoff_max_s")
+
+    @property
+    def brokers(self) -> tuple[str, ...]:
+        """The brokers to try in turn (one per xApp replica, or one Service in front of them)."""
+        return tuple(b.strip() for b in self.broker.split(",") if b.strip())
 
 
 @dataclass(frozen=True)

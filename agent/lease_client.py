@@ -44,6 +44,7 @@ from agent.enforcer import LeaseTerms
 from agent.monitors import DeviceFacts
 from schemas.credential import make_proof
 from schemas.proto.weaver.v1 import lease_pb2, lease_pb2_grpc
+from schemas.redirect import REDIRECT_METADATA
 
 log = logging.getLogger("weaver.agent.lease")
 
@@ -157,6 +158,21 @@ def drain(q: queue.Queue, timeout: float = 0.0) -> list:
     return out
 
 
+def _redirect_of(exc: grpc.RpcError, allowed: tuple[str, ...]) -> str | None:
+    """The broker a refusal names for this site, if it is one of the configured ones: a broker is where
+    leases come from, so a redirect is a choice among the operator's brokers, never a new address."""
+    try:
+        md = exc.trailing_metadata() or ()
+    except Exception:  # noqa: BLE001 - not every RpcError carries metadata
+        return None
+    for key, value in md:
+        if key == REDIRECT_METADATA and isinstance(value, str):
+            if value in allowed:
+                return value
+            log.warning("a broker redirected to %r, which is not one of the configured brokers: ignored", value[:80])
+    return None
+
+
 class LeaseClient:
     def __init__(self, config: LeaseClientConfig, device: DeviceFacts, mode: str = "cpu_preferred",
                  capabilities: tuple[str, ...] = ("cpu_fallback",), clock: Callable[[], float] = time.monotonic,
@@ -184,6 +200,12 @@ class LeaseClient:
         self._thread = threading.Thread(target=self._run, name="lease-client", daemon=True)
         self._heartbeat_s = config.heartbeat_ms / 1e3
         self._refused = ""          # the last refusal logged (a retried refusal is logged once, not per try)
+        # Several xApp replicas (xapp.shards): the brokers are tried in turn, and one that serves another
+        # shard names the replica that serves this site (`weaver-redirect`), which is tried next
+        self._next = 0
+        self._redirect: str | None = None
+        self.target = config.brokers[0]   # the broker of the current (or last) stream
+        self.redirects = 0
 
     # --- lifecycle -------------------------------------------------------------------------------
     def start(self) -> LeaseClient:
@@ -288,7 +310,8 @@ class LeaseClient:
             welcomed = self._session()
             if self._stop.is_set():
                 break
-            backoff = self.config.backoff_initial_s if welcomed else min(backoff * 2, self.config.backoff_max_s)
+            backoff = (self.config.backoff_initial_s if welcomed or self._redirect
+                       else min(backoff * 2, self.config.backoff_max_s))
             # jitter so that a fleet of agents does not reconnect in lockstep after an xApp restart
             self._stop.wait(backoff * random.uniform(0.8, 1.2))
 
@@ -300,7 +323,11 @@ class LeaseClient:
         # No client keepalive pings: servers with default settings answer frequent pings with GOAWAY
         # (too_many_pings). A silent broker is caught anyway: its leases lapse on the agent's clock.
         reason = "stream ended"
-        with grpc.insecure_channel(self.config.broker) as channel:
+        brokers = self.config.brokers
+        target, self._redirect = self._redirect or brokers[self._next % len(brokers)], None
+        self.target = target
+        redirect = None
+        with grpc.insecure_channel(target) as channel:
             call = lease_pb2_grpc.LeaseBrokerStub(channel).Session(self._requests(stream), metadata=metadata)
             with self._lock:
                 self._call, self._stream = call, stream
@@ -309,6 +336,7 @@ class LeaseClient:
                     welcomed |= self._handle(msg, stream)
             except grpc.RpcError as exc:
                 reason = f"{exc.code().name}: {exc.details()}" if hasattr(exc, "code") else str(exc)
+                redirect = _redirect_of(exc, brokers)
             finally:
                 stream.out.put(_STOP)
                 with self._lock:
@@ -317,12 +345,18 @@ class LeaseClient:
         if was_connected or welcomed:
             self._refused = ""
             if not self._stop.is_set():
-                log.warning("lease stream to %s lost: %s", self.config.broker, reason)
+                log.warning("lease stream to %s lost: %s", target, reason)
             self._events.put(Disconnected(self.clock(), reason))
+        elif redirect:
+            self._redirect = redirect
+            self.redirects += 1
+            log.info("broker %s serves another shard: site %s is served at %s", target, self.config.site_id, redirect)
         elif reason != self._refused and not self._stop.is_set() and reason.split(":")[0] in REFUSALS:
             self._refused = reason
-            log.warning("broker %s refused site %s: %s (retrying with backoff)", self.config.broker,
+            log.warning("broker %s refused site %s: %s (retrying with backoff)", target,
                         self.config.site_id, reason)
+        if not welcomed and not redirect:
+            self._next += 1            # the next replica's broker (a dead one, or one that knows no owner)
         return welcomed
 
     def _handle(self, msg: lease_pb2.BrokerMessage, stream: _Stream) -> bool:
@@ -338,7 +372,7 @@ class LeaseClient:
             with self._lock:
                 self.connected, self.epoch, self.cross_site = True, w.epoch, cs
             self.sessions += 1
-            log.info("registered with %s as %s (epoch %d)", self.config.broker, self.agent_id, w.epoch)
+            log.info("registered with %s as %s (epoch %d)", self.target, self.agent_id, w.epoch)
             self._events.put(Connected(now, w.site_id, w.epoch, w.heartbeat_ms, cs))
             return True
         if kind == "heartbeat":

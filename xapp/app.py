@@ -67,6 +67,8 @@ from xapp.loop import (
 from xapp.metrics import XappMetrics
 from xapp.rmr import NativeUnavailable, RmrError, RmrMessage, open_backend
 from xapp.rnib import E2Node, read_rnib, static_nodes
+from xapp.shardkeeper import ShardKeeper
+from xapp.shards import shard_of, sites_of
 from xapp.state import (
     LEADER_SKEW_S,
     LEADER_TTL_S,
@@ -250,6 +252,7 @@ class XappApp:
         # SDL leader lease: only its holder sends RC controls and grants (a second replica follows)
         self.leader_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         self.leader_until = -math.inf          # loop clock: we act as leader until then
+        self.shards: ShardKeeper | None = None  # replicas.shards >= 1: the claims of this replica
         self.lift_ack_wait_s = 0.5             # stop(): how long the shaping lift waits for its ACKs
 
     # ------------------------------------------------------------------ readiness
@@ -259,7 +262,7 @@ class XappApp:
                       for s in self.cfg.sites for m in s.nodes)
         return {"rmr": self.rmr is not None, "sdl": self.store is not None and self.store.healthy(),
                 "subscriptions": subs_ok, "broker": self.broker is not None and self.broker.server is not None,
-                "leader": self.state.control_leader}
+                "leader": self.state.control_leader and self.state.controlled_sites != frozenset()}
 
     def subscription_view(self) -> dict:
         """Each wanted node's subscription state for REST and the dashboard (xapp.subaudit)."""
@@ -279,7 +282,7 @@ class XappApp:
         return all(parts[k] for k in READY_GATES)
 
     # ------------------------------------------------------------------ leadership, lease wait, control ids
-    def _wait_out_leases(self, leases: list[LeaseRecord], whose: str) -> float:
+    def _wait_out_leases(self, leases: list[LeaseRecord], whose: str, sites: set[str] | None = None) -> float:
         """Grant nothing until every lease another instance may have issued has passed its hard end (its
         agent may act on it until then; RAN first), and count those leases in their sites' invariant
         meanwhile. Returns the wait in seconds from now.
@@ -287,12 +290,17 @@ class XappApp:
         Two kinds: the ledger's leases of another epoch, each to its own hard end; and, for one lease
         lifetime from now, one of the largest size a site allows (its GPU less the guard) that the ledger
         may not hold: a grant whose SDL write failed, a previous instance's on an embedded store that forgot
-        it, a leader's grant just before it stepped down. No envelope may loosen beside either."""
+        it, a leader's grant just before it stepped down. No envelope may loosen beside either.
+
+        `sites`: only those (a shard taken over: the wait is theirs, not every site's)."""
+        if sites is not None:
+            leases = [r for r in leases if r.site_id in sites]
         end = previous_leases_end(leases, self.epoch)
         wall, now = self.wall(), self.now()
         lifetime = self.cfg.lease_valid_periods * self.cfg.period_s
-        for rt in self.state.sites.values():
-            rt.safety.inherit_unknown(now, now + lifetime)
+        for sid, rt in self.state.sites.items():
+            if sites is None or sid in sites:
+                rt.safety.inherit_unknown(now, now + lifetime)
         for r in leases:
             rt = self.state.sites.get(r.site_id)
             if r.epoch != self.epoch and r.valid_until_unix > wall and rt is not None:
@@ -300,9 +308,97 @@ class XappApp:
         wait = max(lifetime, 0.0 if end is None else end - wall)
         if wait > 0:
             nb = self.now() + wait
-            self.state.grant_not_before = max(self.state.grant_not_before, nb)
+            if sites is None:
+                self.state.grant_not_before = max(self.state.grant_not_before, nb)
+            else:
+                until = self.state.site_grant_not_before
+                for sid in sites:
+                    until[sid] = max(until.get(sid, -math.inf), nb)
             log.info("no grant for %.2f s: %s leases may be acted on until then", wait, whose)
         return max(0.0, wait)
+
+    # ------------------------------------------------------------------ shards (replicas.shards >= 1)
+    def _start_shards(self) -> None:
+        """Several active replicas: this one controls the sites of the shards it claims (xapp.shards)."""
+        n = self.cfg.shards
+        self.state.controlled_sites = frozenset()
+        self.shards = ShardKeeper(
+            self.store, self.leader_id, n, gained=self._shard_gained,
+            lost=lambda k, why: self._shard_ended(k, "lost-shard", why),
+            handing_over=lambda k: self._shard_ended(k, "shard-handover", "assigned to another replica"))
+        log.info("replica %s: %d shards over the live replicas", self.leader_id, n)
+        self._tick_shards()
+
+    def _broker_of(self, site_id: str) -> str | None:
+        """For the broker: None if this replica controls the site now, else the broker of the replica whose
+        claim does ("" when none does, or SDL cannot say)."""
+        wall, k = self.wall(), shard_of(site_id, self.cfg.shards)
+        if self.shards.controls(k, wall):
+            return None
+        try:
+            claim = self.store.shard_claims().get(k)
+            brokers = self.store.replica_brokers(wall)
+        except Exception as exc:  # noqa: BLE001 - the agent tries its other brokers
+            log.warning("shard %d's owner not read: %s", k, exc)
+            return ""
+        return brokers.get(claim.owner, "") if claim is not None and claim.live(wall) else ""
+
+    def _shard_sites(self, k: int) -> set[str]:
+        return set(sites_of(k, (s.site_id for s in self.cfg.sites), self.cfg.shards))
+
+    def _tick_shards(self) -> None:
+        self.shards.tick(self.wall())
+        self._refresh_controlled()
+
+    def _refresh_controlled(self) -> None:
+        """The sites this replica acts on now: those of the shards it holds, each until its claim's expiry
+        less the skew (so also when the claims' renewals stop getting through)."""
+        if self.shards is None:
+            return
+        wall, n = self.wall(), self.cfg.shards
+        self.state.controlled_sites = frozenset(s.site_id for s in self.cfg.sites
+                                                if self.shards.controls(shard_of(s.site_id, n), wall))
+
+    def _shard_gained(self, k: int, claim) -> None:
+        """A shard taken (at start, from a dead replica, or handed over): its nodes' envelopes are unknown
+        (another replica controlled them), and its sites grant nothing until every lease another replica
+        may have issued for them has passed its hard end."""
+        sites = self._shard_sites(k)
+        try:
+            leases = self.store.leases()
+        except Exception as exc:  # noqa: BLE001 - then the lifetime bound alone
+            log.warning("ledger not read at the takeover of shard %d: %s", k, exc)
+            leases = []
+        for sid in sites:
+            rt = self.state.sites.get(sid)
+            if rt is None:
+                continue
+            for m in rt.cfg.nodes:
+                rt.safety.node_unknown(m, "shard-taken")
+            rt.grant_sms = 0
+        self._wait_out_leases(leases, f"shard {k}'s earlier owners'", sites=sites)
+        try:
+            for lease in leases:
+                if lease.site_id in sites and not lease.ended and lease.epoch != self.epoch:
+                    self.store.put_lease(replace(lease, ended="epoch-ended"))
+        except Exception as exc:  # noqa: BLE001 - SDL hiccup: the entries expire on their own
+            log.warning("ledger not updated at the takeover of shard %d: %s", k, exc)
+        log.warning("shard %d taken (epoch %d): controlling %d sites", k, claim.epoch, len(sites))
+        self._refresh_controlled()
+        self._wake.set()
+
+    def _shard_ended(self, k: int, reason: str, why: str) -> None:
+        """A shard that is not ours any more (lost, or handed over): stop controlling, revoke its leases."""
+        self._refresh_controlled()
+        for sid in sorted(self._shard_sites(k)):
+            rt = self.state.sites.get(sid)
+            if rt is None:
+                continue
+            rt.grant_sms = 0
+            if self.broker is not None and self.broker.revoke(sid, reason):
+                self.counters.revocations[reason] = self.counters.revocations.get(reason, 0) + 1
+        log.warning("shard %d ended (%s): its sites' leases revoked", k, why)
+        self._wake.set()
 
     def _take_leadership(self, now: float, *, at_start: bool = False,
                          leases: list[LeaseRecord] | None = None) -> bool:
@@ -459,7 +555,10 @@ class XappApp:
         if snap.control_cursor is not None:             # RC control ids go on where the last run stopped
             self.state.next_control_id = (snap.control_cursor % 0xFFFF) + 1
         self._wait_out_leases(snap.leases, "a previous instance's")
-        self._take_leadership(self.now(), at_start=True, leases=snap.leases)
+        if cfg.shards:
+            self._start_shards()
+        else:
+            self._take_leadership(self.now(), at_start=True, leases=snap.leases)
         port = cfg.rmr.port if rmr_port is None else rmr_port
         try:
             self.rmr = await open_backend(cfg.rmr.backend, port, cfg.rmr.route_table, **RMR_BOUNDS)
@@ -478,8 +577,13 @@ class XappApp:
                                                  valid_periods=cfg.lease_valid_periods, heartbeat_ms=b.heartbeat_ms,
                                                  timeout_heartbeats=b.agent_timeout_heartbeats),
                                   now=self.now, wall=self.wall, on_lease=self._ledger, on_release=self._released)
+        if self.shards is not None:
+            self.broker.serves = self._broker_of
         port = await self.broker.start(broker_listen)
         log.info("lease broker on port %d (epoch %d)", port, self.epoch)
+        if self.shards is not None:
+            self.shards.address = advertised_broker(broker_listen or b.listen, port)
+            self._tick_shards()          # the other replicas' brokers redirect to ours from now on
         self.http = aiohttp.ClientSession()
         self.submgr = SubmgrClient(replace(cfg.submgr, http_port=self.rest_port or cfg.submgr.http_port,
                                            rmr_port=self.rmr.port), self.http, on_instance=self._early_instance)
@@ -865,6 +969,7 @@ class XappApp:
                         lost_nodes=frozenset(self.lost_nodes), releases=tuple(self.releases))
         self.samples, self.results, self.releases = [], [], []
         now = self.now()
+        self._refresh_controlled()       # a shard whose claim ran out is not acted on, renewed or not
         if self.recorder is not None:
             self.recorder.before(self.state)
         t0 = time.perf_counter()
@@ -967,7 +1072,10 @@ class XappApp:
         connection state in the R-NIB."""
         while not self._stopping:
             await asyncio.sleep(1.0)
-            self._take_leadership(self.now())
+            if self.shards is not None:
+                self._tick_shards()
+            else:
+                self._take_leadership(self.now())
             if self.watcher is not None:
                 change = self.watcher.poll()
                 if change is not None:
@@ -1068,7 +1176,9 @@ class XappApp:
         if self.broker is not None:
             await self.broker.stop(0.5)
         await self._lift_shaping()      # after the revocations (RAN first), while RMR is still up
-        if self.store is not None and self.state.control_leader:
+        if self.shards is not None:
+            self.shards.leave(self.wall())     # the leases are revoked already: the claims go at once
+        elif self.store is not None and self.state.control_leader:
             try:
                 self.store.release_leader(self.leader_id)
             except Exception as exc:  # noqa: BLE001 - it expires on its own within its TTL
@@ -1087,6 +1197,16 @@ class XappApp:
         if self.recorder is not None:
             self.recorder.close()
         log.info("stopped")
+
+
+def advertised_broker(listen: str, port: int, env=os.environ) -> str:
+    """The broker address the other replicas name in a redirect: $WEAVER_BROKER_ADVERTISE (a pod's DNS name
+    or IP and port), else the listen host with the bound port; "" for a wildcard listen (no redirect then:
+    the agents try their configured brokers in turn)."""
+    if env.get("WEAVER_BROKER_ADVERTISE"):
+        return env["WEAVER_BROKER_ADVERTISE"]
+    host = listen.rpartition(":")[0].strip("[]")
+    return "" if host in ("", "0.0.0.0", "::") else f"{host}:{port}"
 
 
 def env_overrides(env=os.environ) -> dict:

@@ -28,6 +28,7 @@ from google.protobuf.message import DecodeError
 from schemas import tierpass
 from schemas.credential import tier_key
 from schemas.proto.weaver.v1 import lease_pb2
+from schemas.redirect import REDIRECT_METADATA
 from xapp.agents import (
     AgentBook,
     BadRequest,
@@ -46,7 +47,7 @@ REGISTER_TIMEOUT_S = 10.0
 REFUSALS_LOGGED = 5         # refused usage reports logged per session before going quiet (then every 1000th)
 _CLOSE = object()
 _CODES = {"unauthenticated": grpc.StatusCode.UNAUTHENTICATED, "already_exists": grpc.StatusCode.ALREADY_EXISTS,
-          "failed-precondition": grpc.StatusCode.FAILED_PRECONDITION}
+          "failed-precondition": grpc.StatusCode.FAILED_PRECONDITION, "unavailable": grpc.StatusCode.UNAVAILABLE}
 
 
 class _Session:
@@ -91,6 +92,8 @@ class LeaseBroker:
         self.sessions: dict[str, _Session] = {}
         self.events: deque = deque(maxlen=512)
         self.rejected = 0                     # streams aborted for a bad request
+        # site -> None (served here) or the broker of the replica that controls it ("" = none known)
+        self.serves: Callable[[str], str | None] | None = None
         self.refused_registrations: dict[str, int] = {}   # reason -> count
         self.refused_usage: dict[str, int] = {}           # reason -> count
         self.revoked: dict[str, int] = {}                 # reason -> leases this broker ended (xapp.metrics)
@@ -248,6 +251,14 @@ class LeaseBroker:
             if want and reg.job != want:
                 raise BadRequest(f"register.job: site {reg.site_id!r} trains {want!r} (broker.job), the agent "
                                  f"registered {reg.job[:200]!r}", code="failed-precondition", reason="wrong-job")
+            if self.serves is not None:        # several replicas (xapp.shards): the site's own replica serves it
+                elsewhere = self.serves(reg.site_id)
+                if elsewhere is not None:
+                    if elsewhere:
+                        context.set_trailing_metadata(((REDIRECT_METADATA, elsewhere),))
+                    raise BadRequest(f"site {reg.site_id!r} is controlled by another xApp replica "
+                                     + (f"(its broker: {elsewhere})" if elsewhere else "(none holds its shard now)"),
+                                     code="unavailable", reason="other-shard")
             sid, old = self.book.connect(reg, self.now())
         except (StopAsyncIteration, TimeoutError):
             return

@@ -177,6 +177,7 @@ class XappConfig:
     broker: BrokerConfig = BrokerConfig()
     rest: RestConfig = RestConfig()
     sdl_namespace: str = "weaver"
+    shards: int = 0          # replicas.shards: 0 = one leader for every site (xapp.shards)
     log_level: str = "INFO"
     controls: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -239,7 +240,8 @@ class XappConfig:
             estimate=EstimateConfig(**c.get("estimate", {})), actuation=ActuationConfig(**c.get("actuation", {})),
             e2=e2_cfg, submgr=SubmgrConfig(**c.get("submgr", {})), rmr=RmrConfig(**c.get("rmr", {})),
             broker=BrokerConfig(**c.get("broker", {})), rest=RestConfig(**c.get("rest", {})),
-            sdl_namespace=c.get("sdl", {}).get("namespace", "weaver"), log_level=c.get("log_level", "INFO"),
+            sdl_namespace=c.get("sdl", {}).get("namespace", "weaver"), shards=c.get("replicas", {}).get("shards", 0),
+            log_level=c.get("log_level", "INFO"),
             controls=json.loads(json.dumps(c)))
         unsafe = policy_violations(cfg)
         if unsafe:

@@ -340,7 +340,7 @@ LOOSENING: tuple[tuple[str, int], ...] = (
 # Authentication and listeners are start-up settings: a config PUT cannot turn a credential check off or point it
 # at another secret (issue 26 item 5).
 START_UP_ONLY = ("broker.token_env", "broker.tls_cert", "broker.tls_key", "broker.tls_client_ca", "broker.listen",
-                 "broker.tier_pass_s", "rest.config_token_env", "rest.host", "rest.port")
+                 "broker.tier_pass_s", "rest.config_token_env", "rest.host", "rest.port", "shards")
 
 
 def _get(cfg, dotted: str):

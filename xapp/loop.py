@@ -221,9 +221,23 @@ class LoopState:
     started: float = 0.0
     grant_not_before: float = -math.inf     # a restarted xApp waits out the previous epoch's leases
     control_leader: bool = True             # False: another instance holds the SDL leader lease
+    # With shards (xapp.shards): the sites whose shard claim this replica holds; None: every site
+    controlled_sites: frozenset[str] | None = None
+    # A shard taken over waits out its previous owner's leases, site by site (xapp.app)
+    site_grant_not_before: dict[str, float] = field(default_factory=dict)
     # The controls the latest step settled, in order, with how: "ack", "failure <cause>" or "timeout" (the
     # shell counts them from here instead of matching the replies a second time).
     settled: list = field(default_factory=list)
+
+
+def controls_site(state: LoopState, site_id: str) -> bool:
+    """Whether this instance controls the site: it holds the leader lease and, with shards, the site's shard."""
+    return state.control_leader and (state.controlled_sites is None or site_id in state.controlled_sites)
+
+
+def grants_from(state: LoopState, site_id: str) -> float:
+    """The earliest instant a grant for the site may go out: every earlier lease it must wait out has ended."""
+    return max(state.grant_not_before, state.site_grant_not_before.get(site_id, -math.inf))
 
 
 def policy_for(cfg: XappConfig, mode: str):
@@ -554,7 +568,7 @@ def _between_ticks(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs
             _revoke(state, rt, now, why, actions)
         elif gone:
             rt.grant_sms = 0      # the broker already dropped the lease with the stream
-    if rt.deferred_envelope is not None and state.control_leader:
+    if rt.deferred_envelope is not None and controls_site(state, rt.cfg.site_id):
         _send_envelopes(state, rt, now, rt.deferred_envelope, actions)
 
 
@@ -627,7 +641,8 @@ def lift_shaping(state: LoopState, now: float) -> list[SendControl]:
     shutdown, after every lease is revoked, so no node stays shaped for a training that is gone."""
     actions: list = []
     for rt in state.sites.values():
-        _lift(state, rt, now, actions, force=True)
+        if controls_site(state, rt.cfg.site_id):     # another replica's sites are its to lift
+            _lift(state, rt, now, actions, force=True)
     return [a for a in actions if isinstance(a, SendControl)]
 
 
@@ -686,12 +701,12 @@ def _decide(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs, actio
         reason = stale_why or "no-estimate"
     elif now < rt.conservative_until:
         reason = rt.conservative_reason.split(":")[0] or "failsafe"
-    elif not state.control_leader:
-        reason = "not-leader"
+    elif not controls_site(state, site.site_id):
+        reason = "not-leader" if not state.control_leader else "other-shard"
     if reason:
         rt.input_periods["none"] = rt.input_periods.get("none", 0) + 1   # rt.inputs: the last decision's
         _revoke(state, rt, now, reason, actions)
-        if is_fresh and state.control_leader:
+        if is_fresh and controls_site(state, site.site_id):
             _lift(state, rt, now, actions)
         _account(state, rt, est, grant=0, reason=reason)
         _view(rt, now, rt.acked_envelope or site.gpu_sms, 0, est, is_fresh, reason)
@@ -702,7 +717,8 @@ def _decide(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs, actio
     sized = decision.sized_for_sms if decision.sized_for_sms is not None else decision.envelope_sms
     envelope = min(site.gpu_sms, max(0, int(sized if sized is not None else site.gpu_sms - decision.grant_sms)))
     wanted = _round_down(max(0, int(decision.grant_sms)), site.granularity)
-    training = site.site_id in inputs.agents and now >= state.grant_not_before
+    not_before = grants_from(state, site.site_id)
+    training = site.site_id in inputs.agents and now >= not_before
     if rt.lifted:
         if not (training and wanted > 0):
             _account(state, rt, est, grant=0, reason="lifted")
@@ -737,8 +753,8 @@ def _decide(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs, actio
     rt.grant_sms = grant
     _account(state, rt, est, grant=grant, wanted_env=decision.wanted_sms,
              wanted=wanted, ceiling=ceiling, capped=capped, training=site.site_id in inputs.agents,
-             epoch_wait=now < state.grant_not_before)
-    why = decision.reason if now >= state.grant_not_before else "waiting out the previous epoch's leases"
+             epoch_wait=now < not_before)
+    why = decision.reason if now >= not_before else "waiting out the previous epoch's leases"
     _view(rt, now, envelope, grant, est, True, why)
 
 

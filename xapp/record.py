@@ -113,6 +113,8 @@ def node_of(d: dict) -> NodeControl:
 def external(state: LoopState) -> dict:
     """The parts of the loop state the shell (xapp.app) sets outside `step`."""
     return {"leader": state.control_leader, "grant_not_before": state.grant_not_before,
+            "controlled_sites": None if state.controlled_sites is None else sorted(state.controlled_sites),
+            "site_grant_not_before": dict(state.site_grant_not_before),
             "next_control_id": state.next_control_id,
             "control_tags": dict(state.control_tags),     # each node's RIC instance ID (its sub_id)
             "grants": {sid: rt.grant_sms for sid, rt in state.sites.items()},
@@ -147,6 +149,11 @@ def apply_ext(state: LoopState, ext: dict) -> None:
         state.control_leader = ext["leader"]
     if "grant_not_before" in ext:
         state.grant_not_before = ext["grant_not_before"]
+    if "controlled_sites" in ext:
+        c = ext["controlled_sites"]
+        state.controlled_sites = None if c is None else frozenset(c)
+    if "site_grant_not_before" in ext:
+        state.site_grant_not_before = {s: float(t) for s, t in ext["site_grant_not_before"].items()}
     if "next_control_id" in ext:
         state.next_control_id = ext["next_control_id"]
     if "control_tags" in ext:

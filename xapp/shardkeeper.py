@@ -35,6 +35,7 @@ class ShardKeeper:
     handing_over: Callable[[int], None] = lambda k: None
     held: dict[int, int] = field(default_factory=dict)           # shard -> epoch
     acting_until: dict[int, float] = field(default_factory=dict)  # shard -> wall
+    address: str = ""                  # this replica's lease broker, named in the other replicas' redirects
     handovers: int = 0
     takeovers: int = 0
 
@@ -44,7 +45,7 @@ class ShardKeeper:
     def tick(self, now_unix: float) -> None:
         """One look at SDL. An SDL error leaves the claims as they are: each expires on its own clock."""
         try:
-            self.store.beat_replica(self.me, REPLICA_TTL_S, now_unix)
+            self.store.beat_replica(self.me, REPLICA_TTL_S, now_unix, self.address)
             members = self.store.live_replicas(now_unix)
             claims = self.store.shard_claims()
         except Exception as exc:  # noqa: BLE001 - SDL down: act only until our claims expire

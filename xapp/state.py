@@ -304,18 +304,22 @@ class XappStore:
             return False
         return self._cas(key, raw, _claim_bytes(ShardClaim(shard, owner, 0.0, epoch)))
 
-    def beat_replica(self, replica_id: str, ttl_s: float, now_unix: float) -> None:
-        self.sdl.set(self.ns, f"replica/{replica_id}", {"until": float(now_unix + ttl_s)})
+    def beat_replica(self, replica_id: str, ttl_s: float, now_unix: float, broker: str = "") -> None:
+        self.sdl.set(self.ns, f"replica/{replica_id}", {"until": float(now_unix + ttl_s), "broker": broker})
 
     def leave_replica(self, replica_id: str) -> None:
         self.sdl.delete(self.ns, f"replica/{replica_id}")
 
-    def live_replicas(self, now_unix: float) -> list[str]:
-        out = []
+    def replica_brokers(self, now_unix: float) -> dict[str, str]:
+        """Live replica id -> the lease broker it advertises ("" if none)."""
+        out = {}
         for key, v in self.sdl.find_and_get(self.ns, "replica/").items():
             if isinstance(v, dict) and isinstance(v.get("until"), int | float) and v["until"] > now_unix:
-                out.append(key.split("/", 1)[1])
-        return sorted(out)
+                out[key.split("/", 1)[1]] = str(v.get("broker", ""))
+        return out
+
+    def live_replicas(self, now_unix: float) -> list[str]:
+        return sorted(self.replica_brokers(now_unix))
 
     def snapshot(self) -> Snapshot:
         return Snapshot(self.subscriptions(), self.sites(), self.leases(), self.cost_models(), self.epoch(),
