@@ -15,6 +15,7 @@ import grpc
 
 from schemas.credential import parse_proof, proof_mac
 from schemas.proto.weaver.v1 import lease_pb2, lease_pb2_grpc
+from schemas.redirect import REDIRECT_METADATA
 
 
 def wait_for(pred, timeout: float, every: float = 0.02) -> bool:
@@ -45,6 +46,8 @@ class ScriptedBroker(lease_pb2_grpc.LeaseBrokerServicer):
         self.sessions = 0
         self.seq = 0
         self.auto: dict | None = None       # renew a lease every period while set
+        self.redirect_to: str | None = None  # set: refuse as a replica of another shard, naming this broker
+        self.redirected = 0
         self._outs: list[queue.Queue] = []
         self._lock = threading.Lock()
         self.server: grpc.Server | None = None
@@ -119,6 +122,12 @@ class ScriptedBroker(lease_pb2_grpc.LeaseBrokerServicer):
         if self.token and (p is None or p.mac != proof_mac(self.token, first.register.site_id,
                                                             first.register.agent_id, p)):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad token")
+        if self.redirect_to is not None:     # as xapp.broker does for a site of another shard
+            with self._lock:
+                self.redirected += 1
+            if self.redirect_to:
+                context.set_trailing_metadata(((REDIRECT_METADATA, self.redirect_to),))
+            context.abort(grpc.StatusCode.UNAVAILABLE, "site is controlled by another xApp replica")
         out: queue.Queue = queue.Queue()
         with self._lock:
             self.registers.append(first.register)

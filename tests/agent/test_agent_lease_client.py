@@ -174,3 +174,57 @@ def test_garbage_bytes_to_the_inspection_service_are_refused_and_it_keeps_servin
             serve_inspect(agent, "0.0.0.0:0")
     finally:
         server.stop(0)
+
+
+def _brokers(n):
+    bs = [ScriptedBroker(heartbeat_ms=50) for _ in range(n)]
+    for b in bs:
+        b.start()
+    return bs
+
+
+def _connected_to(client, broker, timeout=10.0):
+    events = collect(client, lambda ev: any(isinstance(e, Connected) for e in ev), timeout)
+    return any(isinstance(e, Connected) for e in events) and client.target == f"127.0.0.1:{broker.port}"
+
+
+def test_a_replica_of_another_shard_redirects_the_agent_to_the_one_that_serves_it():
+    a, b = _brokers(2)
+    a.redirect_to = f"127.0.0.1:{b.port}"
+    client = LeaseClient(LeaseClientConfig(broker=f"127.0.0.1:{a.port},127.0.0.1:{b.port}", site_id="site-0",
+                                           backoff_initial_s=0.05, backoff_max_s=5.0), cpu_facts(2)).start()
+    try:
+        assert _connected_to(client, b, timeout=3.0)      # at once: a redirect is not a failure to back off from
+        assert a.redirected == 1 and not a.registers and len(b.registers) == 1 and client.redirects == 1
+    finally:
+        client.stop()
+        a.stop()
+        b.stop()
+
+
+def test_a_redirect_to_a_broker_the_operator_did_not_configure_is_not_followed():
+    a, b, rogue = _brokers(3)
+    a.redirect_to = f"127.0.0.1:{rogue.port}"           # a lease from there would be a lease from anyone
+    client = make_client(f"{a.port},127.0.0.1:{b.port}")
+    try:
+        assert _connected_to(client, b)                  # the next configured broker instead
+        assert rogue.sessions == 0 and not rogue.registers and client.redirects == 0
+    finally:
+        client.stop()
+        for x in (a, b, rogue):
+            x.stop()
+
+
+def test_a_dead_replica_is_skipped_for_the_next_configured_broker():
+    (b,) = _brokers(1)
+    dead = ScriptedBroker()
+    dead_port = dead.start()
+    dead.stop()
+    client = make_client(f"{dead_port},127.0.0.1:{b.port}")
+    try:
+        assert _connected_to(client, b)
+        with pytest.raises(ValueError, match="comma-separated"):
+            LeaseClientConfig(broker=f"127.0.0.1:{b.port},nonsense")
+    finally:
+        client.stop()
+        b.stop()
