@@ -15,6 +15,7 @@
 | partition | both directions of the agent's TCP proxy stall (the connection stays open) | site (0), for (5) |
 | xapp-stall | SIGSTOP of the xApp process for `ms`, then SIGCONT | ms (2000) |
 | xapp-kill | SIGKILL of the xApp, restarted `down` s later with the same config (and SDL) | down (0) |
+| replica-kill | `weaver up --xapp-replicas N`: SIGKILL of the replica that controls the most sites, not restarted; the others take its shards once its claims end (`xapp.shards`) | - |
 | revoke-mid-period | repeatedly, while the site's agent is busy inside its lease (its 2 ms CPU trace), its node's last KPM report is timed so that the xApp's stale-KPM revoke (last KPM + `stale` ms) lands `~0.4` into the agent's busy stretch of a period, then KPM stays off for `down` s and resumes (the xApp re-grants); needs the CPU trace (`weaver bench safety`) | site (0), for (10), down (0.4), stale (200: the xApp's stale_periods x period) |
 | green-context-fail | agents start with WEAVER_FAULT_GREEN_CONTEXT_FAIL=1 (their green context fails to create); on a CPU agent there is none, and the timeline says "not applicable on CPU" | - |
 
@@ -125,6 +126,11 @@ class XappKill(Fault):
 
 
 @dataclass(frozen=True)
+class ReplicaKill(Fault):
+    kind = "replica-kill"
+
+
+@dataclass(frozen=True)
 class RevokeMidPeriod(Fault):
     kind = "revoke-mid-period"
     site: int = 0
@@ -140,7 +146,7 @@ class GreenContextFail(Fault):
 
 KINDS: dict[str, type[Fault]] = {c.kind: c for c in (AckDelay, AckLoss, AckDuplicate, AckReorder, NodeRestart,
                                                      NodeLost, SlowReader, Partition, XappStall, XappKill,
-                                                     RevokeMidPeriod, GreenContextFail)}
+                                                     ReplicaKill, RevokeMidPeriod, GreenContextFail)}
 SIM_KINDS = ("ack-delay", "ack-loss", "ack-dup", "ack-reorder", "node-restart", "node-lost")
 _PARAM_NAMES = {"for_s": "for", "down_s": "down", "at_s": "at"}
 _FIELD_OF = {v: k for k, v in _PARAM_NAMES.items()}
@@ -199,6 +205,7 @@ class Targets:
     before_xapp_kill: object | None = None         # async callable: read what the xApp knows before it is lost
     agent_devices: object | None = None            # callable -> {site: device string} (AgentInspect)
     cpu_trace: object | None = None                # testbed.groundtruth.CpuTrace, keyed by site
+    replica_sites: object | None = None            # async callable -> {xApp process name: [sites it controls]}
 
 
 @dataclass
@@ -350,6 +357,19 @@ class FaultInjector:
         if self.targets.xapp_ready is not None:
             await self.targets.xapp_ready(child)
         entry["note"] = f"SIGKILL pid {old}, restarted as pid {child.proc.pid}"
+
+    async def _replica_kill(self, f: ReplicaKill, entry: dict) -> None:
+        sup, views = self._need("supervisor"), self._need("replica_sites")
+        owned = await views()
+        if len(owned) < 2:
+            entry["applicable"] = False
+            entry["note"] = "needs two or more xApp replicas answering (weaver up --xapp-replicas N)"
+            return
+        name = max(sorted(owned), key=lambda n: len(owned[n]))
+        pid = sup.get(name).proc.pid
+        await asyncio.to_thread(sup.kill, name)
+        entry["replica"], entry["sites"] = name, sorted(owned[name])
+        entry["note"] = f"SIGKILL {name} (pid {pid}), which controlled {', '.join(sorted(owned[name])) or 'no site'}"
 
     # -- a revoke that lands while the agent works -------------------------------------------------
 

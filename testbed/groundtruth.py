@@ -596,3 +596,28 @@ def work_stopped_at(t: np.ndarray, cpu_s: np.ndarray, after: float, until: float
                 return max(float(t[k]) + tail, after)
         k += 1
     return None
+
+
+def lease_epoch_overlaps(leases: list[dict]) -> list[dict]:
+    """Leases of a site issued while a lease of another epoch (another xApp instance or replica) could still
+    be acted on: issued before that lease's hard end, whatever the ledger says became of it (a revoke is
+    sent, not acknowledged: architecture.md, the RAN-first invariant). Each is one hand-over that did not
+    wait out the earlier owner's leases; [] is the rule kept. `leases`: the SDL ledger's records (dicts with
+    site_id, epoch, lease_id, issued_unix, valid_until_unix)."""
+    out = []
+    by_site: dict[str, list[dict]] = {}
+    for rec in leases:
+        by_site.setdefault(rec["site_id"], []).append(rec)
+    for site, recs in sorted(by_site.items()):
+        recs.sort(key=lambda r: (r["issued_unix"], r["epoch"]))
+        ends: dict[int, tuple[float, str]] = {}   # epoch -> the latest hard end issued so far, and its lease
+        for r in recs:
+            for epoch, (end, lease_id) in ends.items():
+                if epoch != r["epoch"] and r["issued_unix"] < end:
+                    out.append({"site_id": site, "lease_id": r["lease_id"], "epoch": r["epoch"],
+                                "issued_unix": r["issued_unix"], "other_lease_id": lease_id, "other_epoch": epoch,
+                                "other_hard_end_unix": end, "overlap_ms": round((end - r["issued_unix"]) * 1000, 3)})
+            cur = ends.get(r["epoch"])
+            if cur is None or r["valid_until_unix"] > cur[0]:
+                ends[r["epoch"]] = (r["valid_until_unix"], r["lease_id"])
+    return out

@@ -100,6 +100,80 @@ def drop_sdl_namespace(namespace: str) -> int:
     return len(keys)
 
 
+SHARDS_PER_REPLICA = 4     # --xapp-replicas N: 4N shards of sites (xapp.shards)
+PROXY_FAULTS = ("slow-reader", "partition", "xapp-kill")
+
+
+def check_replicas(cfg: UpConfig, out) -> UpConfig:
+    """--xapp-replicas N > 1: the agents dial every replica's broker directly (a redirect names one of them,
+    and an agent follows it only to an address it was given), so the proxy faults have nothing to act on;
+    the cross-site tier is off (its passes are per broker epoch, and each replica has its own)."""
+    bad = [f.kind for f in cfg.faults if f.kind in PROXY_FAULTS]
+    if bad:
+        raise ValueError(f"--fault {bad[0]}: not available with --xapp-replicas (use replica-kill)")
+    if cfg.cross_site:
+        out("weaver up: replicas: the cross-site tier is off (each replica's broker has its own epoch, and one "
+            "Lighthouse takes one epoch's passes)")
+        cfg = replace(cfg, cross_site=False)
+    return cfg
+
+
+def xapp_names(sup) -> list[str]:
+    return [c.name for c in sup.children if c.name == "xapp" or c.name.startswith("xapp:")]
+
+
+async def xapp_sites(rests: list[str], strict: bool = False) -> dict:
+    """site id -> the xApp's view of it, from the replica that controls it (`controlled`), else the first
+    replica that answered; a replica that does not answer (killed) is skipped unless it is the only one."""
+    views: dict = {}
+    errors = []
+    for rest in rests:
+        try:
+            doc = await _get_json(f"{rest}/api/v1/sites")
+        except Exception as exc:  # noqa: BLE001 - a dead replica
+            errors.append(exc)
+            continue
+        for s in doc["sites"]:
+            if s["site_id"] not in views or (s.get("controlled", True) and not views[s["site_id"]].get("controlled", True)):
+                views[s["site_id"]] = s
+    if strict and not views and errors:
+        raise errors[0]
+    return views
+
+
+async def replica_sites(sup, rests: list[str]) -> dict[str, list[str]]:
+    """Each answering replica's process name -> the sites it controls now (the replica-kill fault)."""
+    out = {}
+    for name, rest in zip(xapp_names(sup), rests, strict=False):
+        try:
+            doc = await _get_json(f"{rest}/api/v1/sites")
+        except Exception:  # noqa: BLE001 - not answering: not a candidate
+            continue
+        out[name] = [s["site_id"] for s in doc["sites"] if s.get("controlled")]
+    return out
+
+
+def ledger_check(namespace: str) -> dict:
+    """The SDL lease ledger of a replicated run, read before the namespace is removed: every lease each replica
+    issued (epoch, issue, hard end) and `lease_epoch_overlaps` (testbed.groundtruth)."""
+    import msgpack
+    import redis
+
+    from testbed.groundtruth import lease_epoch_overlaps
+    r = redis.Redis(*REDIS, socket_timeout=2)
+    leases = []
+    for key in r.scan_iter(match="{" + namespace + "},lease/*", count=1000):
+        raw = r.get(key)
+        if raw is not None:
+            leases.append(msgpack.unpackb(raw, raw=False))
+    overlaps = lease_epoch_overlaps(leases)
+    epochs: dict = {}
+    for rec in leases:
+        epochs.setdefault(rec["site_id"], set()).add(rec["epoch"])
+    return {"ledger_leases": len(leases), "epochs_by_site": {s: sorted(e) for s, e in sorted(epochs.items())},
+            "lease_epoch_overlaps": overlaps}
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -124,6 +198,7 @@ class UpConfig:
     # granularity (`kernel_guard_sms`), what the bound cannot hold; > 0: this many SMs (--guard).
     guard_sms: int = 0
     cross_site: bool = True
+    xapp_replicas: int = 1        # > 1: that many xApp replicas sharing the sites by shard (xapp.shards; needs Redis)
     # Coarse rounds: the transfer window (15 %) and the quorum are idle compute, and 3 agents + the
     # Lighthouse share a few cores here. The Lighthouse's timeouts derive from it (heartbeat R/2, join 1.5 R).
     round_ms: int = 5000
@@ -690,6 +765,10 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
     logging.getLogger().addHandler(handler)
     logging.getLogger().setLevel(logging.INFO)
     ports = {"rmr": free_port(), "rest": cfg.rest_port or free_port(), "broker": free_port()}
+    replicas = [dict(ports)] + [{"rmr": free_port(), "rest": free_port(), "broker": free_port()}
+                                for _ in range(cfg.xapp_replicas - 1)]
+    if cfg.xapp_replicas > 1:
+        cfg = check_replicas(cfg, out)
     scenario = scenario_for(cfg)
     bound, why = await asyncio.to_thread(agent_confinement)
     if not bound and not cfg.guard_sms:
@@ -697,7 +776,8 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
     if not cfg.guard_sms:
         cfg = replace(cfg, guard_sms=derived_guard(cfg, scenario))
     sim_cfg = SimConfig(n_sites=cfg.sites, n_cells=cfg.cells, seed=cfg.seed, host=cfg.host, e2term_port=0,
-                        submgr_http_port=0, xapps=(f"{cfg.host}:{ports['rmr']}",), route_dir=str(run_dir), speed=1.0,
+                        submgr_http_port=0, xapps=tuple(f"{cfg.host}:{r['rmr']}" for r in replicas),
+                        route_dir=str(run_dir), speed=1.0,
                         node_overrides=cfg.node_overrides)   # the scenario file's node settings
     t_start = time.monotonic()
     sim = await Simulation.start(sim_cfg, scenario=scenario)
@@ -734,6 +814,11 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         sdl_env, sdl_namespace = await asyncio.to_thread(run_sdl)
         if sdl_namespace:
             controls["controls"]["sdl"]["namespace"] = sdl_namespace
+        elif cfg.xapp_replicas > 1:
+            raise ChildFailed(f"--xapp-replicas {cfg.xapp_replicas} needs the RIC's SDL: no Redis answered on "
+                              f"{REDIS[0]}:{REDIS[1]} (the replicas keep their shards' claims there)")
+        if cfg.xapp_replicas > 1:
+            controls["controls"]["replicas"] = {"shards": SHARDS_PER_REPLICA * cfg.xapp_replicas}
         config_path.write_text(json.dumps(controls, indent=2))
         xenv = {"CONFIG_FILE": str(config_path), "RMR_SEED_RT": str(sim.ric.route_file), "RMR_RTG_SVC": "-1",
                 "RMR_SRC_ID": cfg.host, "RMR_BIND_IF": cfg.host, "PYTHONPATH": str(ROOT), **sdl_env,
@@ -741,15 +826,24 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         from xapp.agents import site_credential
         if token_env:
             xenv[token_env] = broker_secret
-        xapp = sup.start("xapp", [sys.executable, "-m", "xapp", "--config", str(config_path),
-                                  *(["--record", str(cfg.record)] if cfg.record else [])], env=xenv)
-        await asyncio.to_thread(xapp.wait_for_line, r"weaver-xapp: ready", 90)
+        sup.start("xapp", [sys.executable, "-m", "xapp", "--config", str(config_path),
+                            *(["--record", str(cfg.record)] if cfg.record else [])], env=xenv)
+        for r, rp in enumerate(replicas[1:], start=1):   # the same config; its own ports (xapp.app.env_overrides)
+            sup.start(f"xapp:{r}", [sys.executable, "-m", "xapp", "--config", str(config_path)],
+                      env={**xenv, "WEAVER_REST_PORT": str(rp["rest"]), "WEAVER_RMR_PORT": str(rp["rmr"]),
+                           "WEAVER_BROKER_LISTEN": f"{cfg.host}:{rp['broker']}"})
+        for name in xapp_names(sup):
+            await asyncio.to_thread(sup.get(name).wait_for_line, r"weaver-xapp: ready", 90)
         world.startup["xapp_ready_s"] = round(time.monotonic() - t_start, 2)
         agents: list[AgentView] = []
         aenv = {"PYTHONPATH": agent_pythonpath(), **agent_env(cfg.faults)}
         for i in range(cfg.sites):  # each agent dials the broker through its own proxy (where network faults act)
-            proxies[i] = await TcpProxy(cfg.host, ports["broker"], cfg.host, 0, name=f"proxy:{site_name(i)}").start()
-            argv = [str(agent_python()), "-m", "agent.cli", "run", "--broker", proxies[i].address,
+            if cfg.xapp_replicas > 1:   # every replica's broker, tried in turn; a redirect names one of them
+                brokers = ",".join(f"{cfg.host}:{r['broker']}" for r in replicas)
+            else:
+                proxies[i] = await TcpProxy(cfg.host, ports["broker"], cfg.host, 0, name=f"proxy:{site_name(i)}").start()
+                brokers = proxies[i].address
+            argv = [str(agent_python()), "-m", "agent.cli", "run", "--broker", brokers,
                     "--site-id", site_name(i), "--agent-id", f"agent-{i}", "--preset", cfg.agent_preset,
                     "--checkpoint-dir", str(run_dir / f"agent-{i}"), "--inspect-addr", f"{cfg.host}:0",
                     "--metrics-addr", f"{cfg.host}:0", "--mode", "gpu",  # train only under leases, never unleased
@@ -793,10 +887,15 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         for tr in truths:
             tr.startup_cpu_s = tr.sampler.sample() or 0.0
         rest = f"http://{cfg.host}:{ports['rest']}"
+        rests = [f"http://{cfg.host}:{r['rest']}" for r in replicas]
         out(scenario_line(cfg, scenario))
         out(f"weaver up: dashboard  {rest}/")
         out(f"weaver up: rest       {rest}/api/v1  (openapi {rest}/openapi.json, metrics {rest}/metrics)")
         out(f"weaver up: rmr        xapp {cfg.host}:{ports['rmr']}  e2term {sim.ric.e2term_address}")
+        if cfg.xapp_replicas > 1:
+            out(f"weaver up: replicas   {cfg.xapp_replicas} xApps, {SHARDS_PER_REPLICA * cfg.xapp_replicas} shards of "
+                "sites (xapp.shards); REST " + " ".join(rests) + "  brokers "
+                + " ".join(f"{cfg.host}:{r['broker']}" for r in replicas))
         out(f"weaver up: grpc       lease broker {cfg.host}:{ports['broker']}  agents "
             + " ".join(f"{site_name(a.site)}={a.addr}" for a in agents))
         out(f"weaver up: submgr     {sim.ric.submgr_url}/subscriptions")
@@ -841,6 +940,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                 before_xapp_kill=(lambda: world.xapp_views.snapshot([site_name(i) for i in range(cfg.sites)]))
                 if world.xapp_views is not None else None,
                 agent_devices=lambda: {a.site: a.last.get("device", "") for a in agents},
+                replica_sites=lambda: replica_sites(sup, rests),
                 cpu_trace=world.cpu_trace), cfg.fault_at_s,
                 notify=lambda e, what: out(f"weaver up: fault {e['spec']} {what}s at {e[what + '_s']:.1f} s"
                                            + (f" ({e['note']})" if what == "end" and e["note"] else "")))
@@ -906,12 +1006,12 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                 # in the background: a stalled or restarting xApp must not stall the world's pacing
                 if sites_task is not None and sites_task.done():
                     try:
-                        xsites = {s["site_id"]: s for s in sites_task.result()["sites"]}
+                        xsites = sites_task.result()
                     except Exception:
                         xsites = {}
                     sites_task = None
                 if sites_task is None:
-                    sites_task = asyncio.ensure_future(_get_json(f"{rest}/api/v1/sites"))
+                    sites_task = asyncio.ensure_future(xapp_sites(rests))
                 if rounds is not None:
                     try:
                         await _read_rounds(rest, rounds)
@@ -938,7 +1038,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             sites_task.cancel()
             await asyncio.gather(sites_task, return_exceptions=True)
         try:
-            xsites = {s["site_id"]: s for s in (await _get_json(f"{rest}/api/v1/sites"))["sites"]}
+            xsites = await xapp_sites(rests, strict=True)
         except Exception as exc:
             out(f"weaver up: could not read the xApp's final state: {exc}")
         world.xapp_waterfall[1] = await _xapp_waterfall(rest)
@@ -960,6 +1060,9 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             keep.set()
             await asyncio.gather(keeper, return_exceptions=True)
         summary = build_summary(cfg, world, agents, xsites, loop.time() - t0, rounds, lighthouse)
+        if cfg.xapp_replicas > 1:
+            summary["replicas"] = {"replicas": cfg.xapp_replicas, "shards": SHARDS_PER_REPLICA * cfg.xapp_replicas,
+                                   "rest": rests, **await asyncio.to_thread(ledger_check, sdl_namespace)}
     finally:
         if keeper is not None and not keeper.done():
             keep.set()
@@ -1007,7 +1110,10 @@ async def end_revoke(sup: Supervisor, trace: CpuTrace) -> dict:
         if any(r is not None and r > BUSY_CORES for r in rates.values()) or time.time() - t0 >= END_BUSY_WAIT_S:
             break
         await asyncio.sleep(0.001)
-    t_sig = sup.terminate("xapp")
+    t_sig = None
+    for name in xapp_names(sup):     # every replica: each revokes its own sites' leases
+        t = sup.terminate(name)
+        t_sig = t if t_sig is None else (t_sig if t is None else min(t_sig, t))
     if t_sig is not None:
         await asyncio.sleep(max(t_sig + END_TRACE_S - time.time(), 0.0))
     return {"sigterm_unix": t_sig, "waited_for_work_s": round((t_sig or time.time()) - t0, 4),
@@ -1262,6 +1368,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the interface of the cross-site tier's gates (default: --host's)")
     parser.add_argument("--no-cross-site", action="store_true",
                         help="start no Lighthouse: each site trains alone")
+    parser.add_argument("--xapp-replicas", type=int, default=1, metavar="N",
+                        help="run N xApp replicas that share the sites by shard (xapp.shards; needs Redis; the "
+                             "cross-site tier is off with N > 1)")
     parser.add_argument("--fault", action="append", default=[], metavar="KIND[:param=value,...]",
                         help="inject a fault (repeatable; kinds and params: testbed/faults.py), e.g. "
                              "ack-delay:ms=500,for=3  partition:site=0,for=4  xapp-kill  node-restart:site=1")
@@ -1286,7 +1395,12 @@ def run(args) -> int:
                        run_dir=Path(args.run_dir) if args.run_dir else None,
                        cross_site=not args.no_cross_site, round_ms=args.round_ms, tier_host=args.tier_host,
                        faults=parse_faults(args.fault, args.fault_at), fault_at_s=args.fault_at,
-                       record=Path(args.record).resolve() if args.record else None)
+                       record=Path(args.record).resolve() if args.record else None,
+                       xapp_replicas=args.xapp_replicas)
+        if not 1 <= cfg.xapp_replicas <= 16:
+            raise ValueError(f"--xapp-replicas {cfg.xapp_replicas}: 1..16 on one host")
+        if cfg.xapp_replicas > 1:
+            cfg = check_replicas(cfg, lambda s: print(s, flush=True))
     except ValueError as exc:
         print(f"weaver up: {exc}", file=sys.stderr)
         return 2

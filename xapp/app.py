@@ -253,6 +253,7 @@ class XappApp:
         self.leader_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         self.leader_until = -math.inf          # loop clock: we act as leader until then
         self.shards: ShardKeeper | None = None  # replicas.shards >= 1: the claims of this replica
+        self._first_grant: dict[str, int | None] = {}   # site -> seq of its first lease since start or takeover
         self.lift_ack_wait_s = 0.5             # stop(): how long the shaping lift waits for its ACKs
 
     # ------------------------------------------------------------------ readiness
@@ -376,6 +377,7 @@ class XappApp:
             for m in rt.cfg.nodes:
                 rt.safety.node_unknown(m, "shard-taken")
             rt.grant_sms = 0
+            self._first_grant[sid] = None
         self._wait_out_leases(leases, f"shard {k}'s earlier owners'", sites=sites)
         try:
             for lease in leases:
@@ -1052,7 +1054,12 @@ class XappApp:
                           reason=lease.reason, ended="" if what == "granted" else "revoked")
         try:
             self.store.put_lease(rec)
-            if lease.seq > 1 and what == "granted":   # the renewal replaces the previous lease
+            # the renewal replaces the previous lease, except the first one after a start or a shard's takeover,
+            # which stays as the record of when this instance began granting for the site again (the audit of a
+            # hand-over: testbed.groundtruth.lease_epoch_overlaps)
+            if what == "granted" and self._first_grant.get(lease.site_id) is None:
+                self._first_grant[lease.site_id] = lease.seq
+            elif lease.seq > 1 and what == "granted" and self._first_grant.get(lease.site_id) != lease.seq - 1:
                 self.store.sdl.delete(self.store.ns, f"lease/{lease.site_id}.{lease.epoch}.{lease.seq - 1}")
         except Exception as exc:  # noqa: BLE001 - SDL down: the lease still expires on its own
             log.warning("lease ledger write failed: %s", exc)
@@ -1201,12 +1208,18 @@ class XappApp:
 
 def advertised_broker(listen: str, port: int, env=os.environ) -> str:
     """The broker address the other replicas name in a redirect: $WEAVER_BROKER_ADVERTISE (a pod's DNS name
-    or IP and port), else the listen host with the bound port; "" for a wildcard listen (no redirect then:
-    the agents try their configured brokers in turn)."""
+    or IP and port), else the listen host with the bound port; for a wildcard listen, the address this host's
+    name resolves to (a pod's IP in Kubernetes), or "" where it does not resolve (no redirect then: the agents
+    try their configured brokers in turn). An agent follows a redirect only to a broker it was given."""
     if env.get("WEAVER_BROKER_ADVERTISE"):
         return env["WEAVER_BROKER_ADVERTISE"]
     host = listen.rpartition(":")[0].strip("[]")
-    return "" if host in ("", "0.0.0.0", "::") else f"{host}:{port}"
+    if host in ("", "0.0.0.0", "::"):
+        try:
+            host = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return ""
+    return f"{host}:{port}"
 
 
 def env_overrides(env=os.environ) -> dict:

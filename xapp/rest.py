@@ -26,6 +26,7 @@ from schemas.credential import credential_ok
 from xapp import waterfall
 from xapp.aggregates import AnnouncementBook, AnnouncementError, parse_announcement
 from xapp.config import ConfigError, XappConfig
+from xapp.loop import controls_site
 from xapp.restguard import MAX_DEPTH, ConnectionGuard, JsonErrorHandler, parse_json
 from xapp.submgr import SubmgrError
 
@@ -132,6 +133,7 @@ def site_view(x: XappApp, site_id: str) -> dict:
     est = rt.last_estimate
     return {
         "site_id": site_id, "gpu_sms": rt.cfg.gpu_sms, "granularity": rt.cfg.granularity,
+        "controlled": controls_site(x.state, site_id),   # False: another replica (or the leader) controls it
         "nodes": {m: {"mode": nc.mode, "note": nc.note} for m, nc in rt.nodes.items()},
         "envelope_sms": v.envelope_sms if v else None, "acked_envelope_sms": rt.acked_envelope,
         "caps": [[q.sst, q.sd, q.min_ratio, q.max_ratio] for q in rt.acked_caps],
