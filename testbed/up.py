@@ -714,11 +714,22 @@ def _fmt_line(elapsed: float, duration: float | None, world: World, agents: list
             + (f"  rounds {rounds.committed_rounds()}" if rounds is not None else ""))
 
 
-async def _xapp_waterfall(rest: str) -> dict | None:
-    try:
-        return await _get_json(f"{rest}/api/v1/waterfall")
-    except Exception:  # an xApp that does not answer: the summary says the waterfall is unknown (None)
-        return None
+async def _xapp_waterfall(rests: list[str]) -> dict | None:
+    """GET /api/v1/waterfall; of several replicas, each site's ledgers summed over those that answer (each
+    accounts only the periods it decided the site in: a replica killed takes its share with it)."""
+    docs = []
+    for rest in rests:
+        try:
+            docs.append(await _get_json(f"{rest}/api/v1/waterfall"))
+        except Exception:  # an xApp that does not answer: the summary says the waterfall is unknown (None)
+            continue
+    if len(docs) <= 1:
+        return docs[0] if docs else None
+    sites: dict = {}
+    for doc in docs:
+        for sid, v in doc.get("sites", {}).items():
+            sites[sid] = {**v, "xapp": waterfall.add(v["xapp"], sites[sid]["xapp"])} if sid in sites else v
+    return {"sites": sites, "replicas_answering": len(docs)}
 
 
 @dataclass
@@ -927,7 +938,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         if cfg.record_series or any(isinstance(f, RevokeMidPeriod) for f in cfg.faults):
             world.cpu_trace = CpuTrace({i: tr.meter_path or tr.pid for i, tr in enumerate(truths)})
             world.cpu_trace.start()
-        world.xapp_waterfall[0] = await _xapp_waterfall(rest)   # the run's share starts here
+        world.xapp_waterfall[0] = await _xapp_waterfall(rests)   # the run's share starts here
         t0 = loop.time()
         probing = cfg.idle_probe_s > 0
         if probing:
@@ -1041,7 +1052,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             xsites = await xapp_sites(rests, strict=True)
         except Exception as exc:
             out(f"weaver up: could not read the xApp's final state: {exc}")
-        world.xapp_waterfall[1] = await _xapp_waterfall(rest)
+        world.xapp_waterfall[1] = await _xapp_waterfall(rests)
         if world.xapp_views is not None:
             await world.xapp_views.snapshot([site_name(i) for i in range(cfg.sites)])
         if rounds is not None:

@@ -259,8 +259,7 @@ class XappApp:
     # ------------------------------------------------------------------ readiness
     def readiness(self) -> dict[str, bool]:
         # Not only made once: SubMgr still listed it at the last audit (a lost one is missing until remade).
-        subs_ok = all(m in self.subscriptions and self._status(m).state == "active"
-                      for s in self.cfg.sites for m in s.nodes)
+        subs_ok = all(m in self.subscriptions and self._status(m).state == "active" for m in self._wanted())
         return {"rmr": self.rmr is not None, "sdl": self.store is not None and self.store.healthy(),
                 "subscriptions": subs_ok, "broker": self.broker is not None and self.broker.server is not None,
                 "leader": self.state.control_leader and self.state.controlled_sites != frozenset()}
@@ -269,8 +268,11 @@ class XappApp:
         """Each wanted node's subscription state for REST and the dashboard (xapp.subaudit)."""
         now = self.now()
         subs = []
+        wanted = self._wanted()
         for site in self.cfg.sites:
             for m in site.nodes:
+                if m not in wanted:           # another replica's shard: its subscription, not ours
+                    continue
                 last = self.last_kpm.get(m)
                 subs.append({**self._status(m).view(), "site_id": site.site_id,
                              "kpm_age_s": None if last is None or m not in self.subscriptions else round(now - last, 3)})
@@ -388,6 +390,8 @@ class XappApp:
         log.warning("shard %d taken (epoch %d): controlling %d sites", k, claim.epoch, len(sites))
         self._refresh_controlled()
         self._wake.set()
+        if self.submgr is not None:      # its nodes' KPM comes to us from now on (at start: the first subscriber)
+            self._ensure_subscriber()
 
     def _shard_ended(self, k: int, reason: str, why: str) -> None:
         """A shard that is not ours any more (lost, or handed over): stop controlling, revoke its leases."""
@@ -401,6 +405,11 @@ class XappApp:
                 self.counters.revocations[reason] = self.counters.revocations.get(reason, 0) + 1
         log.warning("shard %d ended (%s): its sites' leases revoked", k, why)
         self._wake.set()
+        for sid in self._shard_sites(k):     # its KPM is the next owner's: our subscriptions go
+            for m in self.cfg.site(sid).nodes:
+                rec = self.subscriptions.get(m)
+                if rec is not None and self.submgr is not None and not self._stopping:
+                    self._spawn(self._delete_subscription(rec))
 
     def _take_leadership(self, now: float, *, at_start: bool = False,
                          leases: list[LeaseRecord] | None = None) -> bool:
@@ -602,8 +611,16 @@ class XappApp:
         self._tasks.append(asyncio.ensure_future(self._watch()))
 
     # ------------------------------------------------------------------ discovery + subscriptions
+    def _wanted(self) -> set[str]:
+        """The nodes this instance subscribes to: every site's, or with shards those of the shards it holds
+        (a shard's KPM goes to its owner only; another replica's nodes are its own to subscribe)."""
+        if self.shards is None:
+            return {m for s in self.cfg.sites for m in s.nodes}
+        n, held = self.cfg.shards, self.shards.held
+        return {m for s in self.cfg.sites if shard_of(s.site_id, n) in held for m in s.nodes}
+
     def _discover(self) -> dict[str, E2Node]:
-        wanted = {m for s in self.cfg.sites for m in s.nodes}
+        wanted = self._wanted()
         if self.cfg.e2.discovery == "rnib":
             nodes, problems = read_rnib(self.store.sdl)
             for p in problems:
@@ -628,13 +645,23 @@ class XappApp:
 
     async def _subscribe_all(self, remembered: list[SubscriptionRecord]) -> None:
         by_meid = {r.meid: r for r in remembered}
-        wanted = {m for s in self.cfg.sites for m in s.nodes}
-        # Subscriptions a previous run left for nodes we no longer want: delete, do not leak.
+        wanted = self._wanted()
+        every = {m for s in self.cfg.sites for m in s.nodes}
+        # Subscriptions a previous run left for nodes we no longer want: delete, do not leak. (With shards, a
+        # node of another replica's shard keeps its record: the owner's, or the next owner's to replace.)
         for r in remembered:
-            if r.meid not in wanted:
+            if r.meid not in (every if self.shards is not None else wanted):
                 await self._delete_subscription(r)
         delay = 0.2
         while not self._stopping:
+            wanted = self._wanted()
+            if self.shards is not None:     # a node taken over: its last owner's record, to delete, not leak
+                try:
+                    for r in self.store.subscriptions():
+                        if r.meid in wanted and r.meid not in self.subscriptions and r.owner != self.leader_id:
+                            by_meid.setdefault(r.meid, r)
+                except Exception as exc:  # noqa: BLE001 - SDL hiccup: subscribe anyway
+                    log.warning("subscription records not read: %s", exc)
             try:
                 nodes = self._discover()
             except Exception as exc:  # noqa: BLE001 - SDL hiccup: retry
@@ -766,7 +793,9 @@ class XappApp:
                 await self._delete_subscription(old)
             return
         keys = tuple(meas_key(m.name, m.labels[0]) for m in meas)
-        if old is not None and old.e2_event_instance_id and old.ran_function_id == spec.ran_function_id \
+        # With shards a record is reused only by the replica that made it: another's routes its KPM elsewhere
+        mine = self.shards is None or old is None or old.owner == self.leader_id
+        if old is not None and mine and old.e2_event_instance_id and old.ran_function_id == spec.ran_function_id \
                 and old.period_ms == self.cfg.period_ms and old.kpm_version == version.name:
             try:
                 live = await self.submgr.list()
@@ -796,7 +825,8 @@ class XappApp:
         rec = SubscriptionRecord(subscription_id=out.subscription_id, meid=node.meid,
                                  ran_function_id=spec.ran_function_id, xapp_event_instance_id=xid,
                                  e2_event_instance_id=out.e2_event_instance_id, kpm_version=version.name,
-                                 period_ms=self.cfg.period_ms, created_unix=self.wall())
+                                 period_ms=self.cfg.period_ms, created_unix=self.wall(),
+                                 owner=self.leader_id if self.shards is not None else "")
         self.store.put_subscription(rec)
         log.info("%s: subscribed %s (sub_id %d, KPM %s)", node.meid, rec.subscription_id,
                  rec.e2_event_instance_id, version.name)

@@ -708,7 +708,8 @@ def _decide(state: LoopState, rt: SiteRuntime, now: float, inputs: Inputs, actio
         _revoke(state, rt, now, reason, actions)
         if is_fresh and controls_site(state, site.site_id):
             _lift(state, rt, now, actions)
-        _account(state, rt, est, grant=0, reason=reason)
+        if reason != "other-shard":      # that replica's decision and its ledger: the sum over replicas holds
+            _account(state, rt, est, grant=0, reason=reason)
         _view(rt, now, rt.acked_envelope or site.gpu_sms, 0, est, is_fresh, reason)
         return
     obs = _observation(state, rt, est, now)

@@ -66,6 +66,7 @@ class SubscriptionRecord:
     kpm_version: str = "v3.00"
     period_ms: int = 100
     created_unix: float = 0.0
+    owner: str = ""                 # the replica that made it (replicas.shards: a node's shard owner's)
 
 
 @dataclass(frozen=True, kw_only=True)

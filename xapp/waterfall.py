@@ -278,3 +278,16 @@ def subtract(end: dict, start: dict) -> dict:
                 out[k] = v
         return out
     return d(end, start)
+
+
+def add(a: dict, b: dict) -> dict:
+    """`a` + `b` of two `xapp` records of one site from two xApp replicas (each decided some of its periods)."""
+    out = dict(b)
+    for k, v in a.items():
+        if isinstance(v, dict):
+            out[k] = add(v, b.get(k, {}) or {})
+        elif isinstance(v, int | float) and isinstance(b.get(k, 0), int | float):
+            out[k] = v + (b.get(k, 0) or 0)
+        else:
+            out[k] = v
+    return out

@@ -104,8 +104,10 @@ def test_bench_safety_quick_end_to_end(repo_root, tmp_path):
     # ~80 s here; the headroom is for a cold host (a CI row once took 135 s to start). ack-loss is driven on the
     # wire in test_faults_wire.py; the two rows here are the ones whose analysis needs a live run
     out_json = tmp_path / "safety.json"
+    # 12 s rows, not --quick's 8: revoke-mid-period needs the agent seen working on a steady period grid
+    # first, and a loaded host once gave it none in an 8 s row's 5.6 s window
     proc = subprocess.run([str(repo_root / ".venv-xapp" / "bin" / "weaver"), "bench", "safety", "--quick",
-                           "--faults", "xapp-stall,revoke-mid-period", "--json", str(out_json)],
+                           "--duration", "12", "--faults", "xapp-stall,revoke-mid-period", "--json", str(out_json)],
                           cwd=repo_root, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| fault | applied | training misses by ground truth" in proc.stdout
