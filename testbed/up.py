@@ -153,9 +153,11 @@ async def replica_sites(sup, rests: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def ledger_check(namespace: str) -> dict:
+def ledger_check(namespace: str, kills: list[dict] = ()) -> dict:
     """The SDL lease ledger of a replicated run, read before the namespace is removed: every lease each replica
-    issued (epoch, issue, hard end) and `lease_epoch_overlaps` (testbed.groundtruth)."""
+    issued (epoch, issue, hard end) and `lease_epoch_overlaps` (testbed.groundtruth); for each replica-kill,
+    how long its sites went without a new lease (`served_again_s`: kill -> the first lease issued after it,
+    which the ledger keeps as the first of its owner's takeover)."""
     import msgpack
     import redis
 
@@ -170,8 +172,13 @@ def ledger_check(namespace: str) -> dict:
     epochs: dict = {}
     for rec in leases:
         epochs.setdefault(rec["site_id"], set()).add(rec["epoch"])
+    served = {}
+    for k in kills:
+        for site in k.get("sites", ()):
+            after = [rec["issued_unix"] for rec in leases if rec["site_id"] == site and rec["issued_unix"] > k["start_unix"]]
+            served[site] = round(min(after) - k["start_unix"], 3) if after else None
     return {"ledger_leases": len(leases), "epochs_by_site": {s: sorted(e) for s, e in sorted(epochs.items())},
-            "lease_epoch_overlaps": overlaps}
+            "lease_epoch_overlaps": overlaps, "served_again_s": served}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -1072,8 +1079,9 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
             await asyncio.gather(keeper, return_exceptions=True)
         summary = build_summary(cfg, world, agents, xsites, loop.time() - t0, rounds, lighthouse)
         if cfg.xapp_replicas > 1:
+            kills = [f for f in summary["faults"] if f["kind"] == "replica-kill" and f.get("applicable")]
             summary["replicas"] = {"replicas": cfg.xapp_replicas, "shards": SHARDS_PER_REPLICA * cfg.xapp_replicas,
-                                   "rest": rests, **await asyncio.to_thread(ledger_check, sdl_namespace)}
+                                   "rest": rests, **await asyncio.to_thread(ledger_check, sdl_namespace, kills)}
     finally:
         if keeper is not None and not keeper.done():
             keep.set()

@@ -32,6 +32,9 @@ def test_a_killed_replicas_sites_are_served_again_with_ran_first_kept(tmp_path, 
     assert rep["lease_epoch_overlaps"] == [], rep["lease_epoch_overlaps"][:5]
     for site in fault["sites"]:             # granted again, by another replica (another broker epoch)
         assert len(rep["epochs_by_site"][site]) >= 2, rep["epochs_by_site"]
+        # not before the dead replica's claims could end (renewed once a second with a 3 s lifetime: at least
+        # 2 s after the kill), and well within the run
+        assert 2.0 <= rep["served_again_s"][site] <= 15, rep["served_again_s"]
     assert s["totals"]["deadline_misses_attributable_to_training"] == 0, s["totals"]
     assert all(v["tokens_trained"] > 0 for v in s["sites"].values())
 
