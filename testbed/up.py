@@ -105,12 +105,8 @@ PROXY_FAULTS = ("slow-reader", "partition", "xapp-kill")
 
 
 def check_replicas(cfg: UpConfig, out) -> UpConfig:
-    """--xapp-replicas N > 1: the agents dial every replica's broker directly (a redirect names one of them,
-    and an agent follows it only to an address it was given), so the proxy faults have nothing to act on;
-    the cross-site tier is off (its passes are per broker epoch, and each replica has its own)."""
-    bad = [f.kind for f in cfg.faults if f.kind in PROXY_FAULTS]
-    if bad:
-        raise ValueError(f"--fault {bad[0]}: not available with --xapp-replicas (use replica-kill)")
+    """--xapp-replicas N > 1: the cross-site tier is off (its passes are per broker epoch, and each replica
+    has its own). The faults it cannot take are refused by UpConfig itself."""
     if cfg.cross_site:
         out("weaver up: replicas: the cross-site tier is off (each replica's broker has its own epoch, and one "
             "Lighthouse takes one epoch's passes)")
@@ -122,20 +118,27 @@ def xapp_names(sup) -> list[str]:
     return [c.name for c in sup.children if c.name == "xapp" or c.name.startswith("xapp:")]
 
 
+async def _replica_sites_docs(rests: list[str]) -> list:
+    """GET /api/v1/sites of each replica, in order: its site views, or the exception of one that does not answer."""
+    out: list = []
+    for rest in rests:
+        try:
+            out.append((await _get_json(f"{rest}/api/v1/sites"))["sites"])
+        except Exception as exc:  # noqa: BLE001 - a dead replica
+            out.append(exc)
+    return out
+
+
 async def xapp_sites(rests: list[str], strict: bool = False) -> dict:
     """site id -> the xApp's view of it, from the replica that controls it (`controlled`), else the first
     replica that answered; a replica that does not answer (killed) is skipped unless it is the only one."""
     views: dict = {}
-    errors = []
-    for rest in rests:
-        try:
-            doc = await _get_json(f"{rest}/api/v1/sites")
-        except Exception as exc:  # noqa: BLE001 - a dead replica
-            errors.append(exc)
-            continue
-        for s in doc["sites"]:
+    docs = await _replica_sites_docs(rests)
+    for doc in docs:
+        for s in doc if isinstance(doc, list) else ():
             if s["site_id"] not in views or (s.get("controlled", True) and not views[s["site_id"]].get("controlled", True)):
                 views[s["site_id"]] = s
+    errors = [d for d in docs if isinstance(d, Exception)]
     if strict and not views and errors:
         raise errors[0]
     return views
@@ -143,14 +146,9 @@ async def xapp_sites(rests: list[str], strict: bool = False) -> dict:
 
 async def replica_sites(sup, rests: list[str]) -> dict[str, list[str]]:
     """Each answering replica's process name -> the sites it controls now (the replica-kill fault)."""
-    out = {}
-    for name, rest in zip(xapp_names(sup), rests, strict=False):
-        try:
-            doc = await _get_json(f"{rest}/api/v1/sites")
-        except Exception:  # noqa: BLE001 - not answering: not a candidate
-            continue
-        out[name] = [s["site_id"] for s in doc["sites"] if s.get("controlled")]
-    return out
+    docs = await _replica_sites_docs(rests)
+    return {name: [s["site_id"] for s in doc if s.get("controlled")]
+            for name, doc in zip(xapp_names(sup), docs, strict=False) if isinstance(doc, list)}
 
 
 def ledger_check(namespace: str, kills: list[dict] = ()) -> dict:
@@ -254,6 +252,13 @@ class UpConfig:
             raise ValueError(f"--sites must be 1..{len(ARCHETYPES) * 4}, got {self.sites}")
         if not 1 <= self.cells <= 16:
             raise ValueError(f"--cells must be 1..16, got {self.cells}")
+        if not 1 <= self.xapp_replicas <= 16:
+            raise ValueError(f"--xapp-replicas {self.xapp_replicas}: 1..16 on one host")
+        # the agents dial every replica's broker directly (a redirect names one of them, and an agent follows
+        # it only to an address it was given): the proxy faults have no proxy to act on
+        bad = [f.kind for f in self.faults if f.kind in PROXY_FAULTS] if self.xapp_replicas > 1 else []
+        if bad:
+            raise ValueError(f"--fault {bad[0]}: not available with --xapp-replicas (use replica-kill)")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ValueError("--duration must be positive")
         if self.tier_host:
@@ -1129,10 +1134,8 @@ async def end_revoke(sup: Supervisor, trace: CpuTrace) -> dict:
         if any(r is not None and r > BUSY_CORES for r in rates.values()) or time.time() - t0 >= END_BUSY_WAIT_S:
             break
         await asyncio.sleep(0.001)
-    t_sig = None
-    for name in xapp_names(sup):     # every replica: each revokes its own sites' leases
-        t = sup.terminate(name)
-        t_sig = t if t_sig is None else (t_sig if t is None else min(t_sig, t))
+    # every replica: each revokes its own sites' leases; the instant is the first signal's
+    t_sig = min((t for t in map(sup.terminate, xapp_names(sup)) if t is not None), default=None)
     if t_sig is not None:
         await asyncio.sleep(max(t_sig + END_TRACE_S - time.time(), 0.0))
     return {"sigterm_unix": t_sig, "waited_for_work_s": round((t_sig or time.time()) - t0, 4),
@@ -1416,10 +1419,6 @@ def run(args) -> int:
                        faults=parse_faults(args.fault, args.fault_at), fault_at_s=args.fault_at,
                        record=Path(args.record).resolve() if args.record else None,
                        xapp_replicas=args.xapp_replicas)
-        if not 1 <= cfg.xapp_replicas <= 16:
-            raise ValueError(f"--xapp-replicas {cfg.xapp_replicas}: 1..16 on one host")
-        if cfg.xapp_replicas > 1:
-            cfg = check_replicas(cfg, lambda s: print(s, flush=True))
     except ValueError as exc:
         print(f"weaver up: {exc}", file=sys.stderr)
         return 2

@@ -68,7 +68,7 @@ from xapp.metrics import XappMetrics
 from xapp.rmr import NativeUnavailable, RmrError, RmrMessage, open_backend
 from xapp.rnib import E2Node, read_rnib, static_nodes
 from xapp.shardkeeper import ShardKeeper
-from xapp.shards import shard_of, sites_of
+from xapp.shards import shard_map
 from xapp.state import (
     LEADER_SKEW_S,
     LEADER_TTL_S,
@@ -254,6 +254,7 @@ class XappApp:
         self.leader_until = -math.inf          # loop clock: we act as leader until then
         self.shards: ShardKeeper | None = None  # replicas.shards >= 1: the claims of this replica
         self._first_grant: dict[str, int | None] = {}   # site -> seq of its first lease since start or takeover
+        self._site_shard: dict[str, int] = {}           # replicas.shards: each site's shard (xapp.shards)
         self.lift_ack_wait_s = 0.5             # stop(): how long the shaping lift waits for its ACKs
 
     # ------------------------------------------------------------------ readiness
@@ -324,6 +325,7 @@ class XappApp:
     def _start_shards(self) -> None:
         """Several active replicas: this one controls the sites of the shards it claims (xapp.shards)."""
         n = self.cfg.shards
+        self._site_shard = shard_map((s.site_id for s in self.cfg.sites), n)   # fixed: sites and n are start-up
         self.state.controlled_sites = frozenset()
         self.shards = ShardKeeper(
             self.store, self.leader_id, n, gained=self._shard_gained,
@@ -335,7 +337,7 @@ class XappApp:
     def _broker_of(self, site_id: str) -> str | None:
         """For the broker: None if this replica controls the site now, else the broker of the replica whose
         claim does ("" when none does, or SDL cannot say)."""
-        wall, k = self.wall(), shard_of(site_id, self.cfg.shards)
+        wall, k = self.wall(), self._site_shard[site_id]
         if self.shards.controls(k, wall):
             return None
         try:
@@ -347,7 +349,7 @@ class XappApp:
         return brokers.get(claim.owner, "") if claim is not None and claim.live(wall) else ""
 
     def _shard_sites(self, k: int) -> set[str]:
-        return set(sites_of(k, (s.site_id for s in self.cfg.sites), self.cfg.shards))
+        return {sid for sid, shard in self._site_shard.items() if shard == k}
 
     def _tick_shards(self) -> None:
         self.shards.tick(self.wall())
@@ -358,9 +360,9 @@ class XappApp:
         less the skew (so also when the claims' renewals stop getting through)."""
         if self.shards is None:
             return
-        wall, n = self.wall(), self.cfg.shards
-        self.state.controlled_sites = frozenset(s.site_id for s in self.cfg.sites
-                                                if self.shards.controls(shard_of(s.site_id, n), wall))
+        wall = self.wall()
+        self.state.controlled_sites = frozenset(sid for sid, k in self._site_shard.items()
+                                                if self.shards.controls(k, wall))
 
     def _shard_gained(self, k: int, claim) -> None:
         """A shard taken (at start, from a dead replica, or handed over): its nodes' envelopes are unknown
@@ -381,12 +383,7 @@ class XappApp:
             rt.grant_sms = 0
             self._first_grant[sid] = None
         self._wait_out_leases(leases, f"shard {k}'s earlier owners'", sites=sites)
-        try:
-            for lease in leases:
-                if lease.site_id in sites and not lease.ended and lease.epoch != self.epoch:
-                    self.store.put_lease(replace(lease, ended="epoch-ended"))
-        except Exception as exc:  # noqa: BLE001 - SDL hiccup: the entries expire on their own
-            log.warning("ledger not updated at the takeover of shard %d: %s", k, exc)
+        self._end_others_leases(leases, sites)
         log.warning("shard %d taken (epoch %d): controlling %d sites", k, claim.epoch, len(sites))
         self._refresh_controlled()
         self._wake.set()
@@ -396,14 +393,8 @@ class XappApp:
     def _shard_ended(self, k: int, reason: str, why: str) -> None:
         """A shard that is not ours any more (lost, or handed over): stop controlling, revoke its leases."""
         self._refresh_controlled()
-        for sid in sorted(self._shard_sites(k)):
-            rt = self.state.sites.get(sid)
-            if rt is None:
-                continue
-            rt.grant_sms = 0
-            if self.broker is not None and self.broker.revoke(sid, reason):
-                self.counters.revocations[reason] = self.counters.revocations.get(reason, 0) + 1
-        log.warning("shard %d ended (%s): its sites' leases revoked", k, why)
+        self._revoke_sites(sorted(self._shard_sites(k)), reason, close_streams=True)
+        log.warning("shard %d ended (%s): its sites' leases revoked, their agents' streams closed", k, why)
         self._wake.set()
         for sid in self._shard_sites(k):     # its KPM is the next owner's: our subscriptions go
             for m in self.cfg.site(sid).nodes:
@@ -454,22 +445,40 @@ class XappApp:
             self._wait_out_leases(leases, "the previous leader's")
             log.warning("leader lease taken over (%s): controlling the nodes from now on", self.leader_id)
             self._wake.set()
-        try:                                            # the ledger is ours now: nobody renews those
+        self._first_grant.clear()
+        self._end_others_leases(leases)
+
+    def _end_others_leases(self, leases: list[LeaseRecord], sites: set[str] | None = None) -> None:
+        """A takeover (of every site, or of `sites`): the ledger's leases of other epochs are ours to close,
+        nobody renews them any more."""
+        try:
             for lease in leases:
-                if not lease.ended and lease.epoch != self.epoch:
+                if (sites is None or lease.site_id in sites) and not lease.ended and lease.epoch != self.epoch:
                     self.store.put_lease(replace(lease, ended="epoch-ended"))
         except Exception as exc:  # noqa: BLE001 - SDL hiccup: the entries expire on their own
             log.warning("ledger not updated at takeover: %s", exc)
+
+    def _revoke_sites(self, sites, reason: str, *, close_streams: bool = False) -> None:
+        """Stop granting for `sites` and revoke their leases; `close_streams`: also close their agents' streams,
+        so that an agent registers again and is sent to the replica that controls its site now."""
+        for sid in sites:
+            rt = self.state.sites.get(sid)
+            if rt is None:
+                continue
+            rt.grant_sms = 0
+            if self.broker is None:
+                continue
+            if self.broker.revoke(sid, reason):
+                self.counters.revocations[reason] = self.counters.revocations.get(reason, 0) + 1
+            if close_streams:
+                self.broker.drop(sid, f"{reason}: another replica controls the site")
 
     def _lost_leadership(self, why: str) -> None:
         """Another replica may control the nodes from now on: stop controlling, revoke every lease."""
         self.state.control_leader = False
         self.leader_until = -math.inf
         log.error("leader lease lost (%s): no RC control, no grant; revoking every lease", why)
-        for site_id, rt in self.state.sites.items():
-            rt.grant_sms = 0
-            if self.broker is not None and self.broker.revoke(site_id, "lost-leadership"):
-                self.counters.revocations["lost-leadership"] = self.counters.revocations.get("lost-leadership", 0) + 1
+        self._revoke_sites(list(self.state.sites), "lost-leadership")
         self._wake.set()
 
     def note_control_id(self, control_id: int) -> None:
@@ -616,8 +625,8 @@ class XappApp:
         (a shard's KPM goes to its owner only; another replica's nodes are its own to subscribe)."""
         if self.shards is None:
             return {m for s in self.cfg.sites for m in s.nodes}
-        n, held = self.cfg.shards, self.shards.held
-        return {m for s in self.cfg.sites if shard_of(s.site_id, n) in held for m in s.nodes}
+        held = self.shards.held
+        return {m for s in self.cfg.sites if self._site_shard[s.site_id] in held for m in s.nodes}
 
     def _discover(self) -> dict[str, E2Node]:
         wanted = self._wanted()
@@ -655,7 +664,8 @@ class XappApp:
         delay = 0.2
         while not self._stopping:
             wanted = self._wanted()
-            if self.shards is not None:     # a node taken over: its last owner's record, to delete, not leak
+            todo = wanted - set(self.subscriptions) - set(by_meid)
+            if self.shards is not None and todo:   # a node taken over: its last owner's record, to delete, not leak
                 try:
                     for r in self.store.subscriptions():
                         if r.meid in wanted and r.meid not in self.subscriptions and r.owner != self.leader_id:

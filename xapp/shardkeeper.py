@@ -37,7 +37,6 @@ class ShardKeeper:
     acting_until: dict[int, float] = field(default_factory=dict)  # shard -> wall
     address: str = ""                  # this replica's lease broker, named in the other replicas' redirects
     handovers: int = 0
-    takeovers: int = 0
 
     def controls(self, shard: int, now_unix: float) -> bool:
         return shard in self.held and now_unix < self.acting_until.get(shard, -math.inf)
@@ -74,7 +73,6 @@ class ShardKeeper:
                     if c is not None and step.shard not in self.held:
                         self.held[step.shard] = c.epoch
                         self.acting_until[step.shard] = now_unix + SHARD_TTL_S - SHARD_SKEW_S
-                        self.takeovers += 1
                         self.gained(step.shard, c)
                 elif isinstance(step, HandOver):
                     self.handing_over(step.shard)

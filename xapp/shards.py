@@ -80,8 +80,9 @@ def assign(n_shards: int, replicas: Iterable[str]) -> dict[int, str]:
     return {k: max(members, key=lambda r: (_h("shard", str(k), r), r)) for k in range(n_shards)}
 
 
-def sites_of(shard: int, site_ids: Iterable[str], n_shards: int) -> list[str]:
-    return [s for s in site_ids if shard_of(s, n_shards) == shard]
+def shard_map(site_ids: Iterable[str], n_shards: int) -> dict[str, int]:
+    """Each site's shard: computed once (the sites and the shard count are start-up settings)."""
+    return {s: shard_of(s, n_shards) for s in site_ids}
 
 
 def plan(me: str, n_shards: int, replicas: Iterable[str], claims: dict[int, ShardClaim],

@@ -13,7 +13,7 @@ Layout in one SDL namespace (default `weaver`), msgpack values:
   control_cursor                int                  (last RC control id used: a restart does not reuse ids)
   leader                        {owner, until}       (the control leader lease, compare-and-set)
   shard/<k>                     {owner, until, epoch} (a shard of sites' claim, compare-and-set: xapp.shards)
-  replica/<id>                  {until}              (a live replica's heartbeat: the shard assignment's members)
+  replica/<id>                  {until, broker}      (a live replica's heartbeat: the shard assignment's members)
 Times stored here are wall-clock unix seconds: monotonic time means nothing to the next process.
 
 Compare-and-set: ricsdl's `set_if` is OSC DBaaS's SETIE module command; a vanilla Redis has no such
@@ -271,39 +271,31 @@ class XappStore:
         """Claim `shard` until `now_unix + ttl_s` if it is unclaimed or its claim has expired: the epoch grows
         by one (the fencing token a takeover is known by). None if another replica holds it, or another
         contender's compare-and-set came first."""
-        key = f"shard/{shard}"
-        raw = self.sdl.get(self.ns, key, usemsgpack=False)
-        epoch = 0
-        if raw is not None:
-            cur = _claim_value(shard, raw)
-            if cur.live(now_unix):
-                return cur if cur.owner == owner else None
-            epoch = cur.epoch
-        new = ShardClaim(shard, owner, now_unix + ttl_s, epoch + 1)
-        return new if self._cas(key, raw, _claim_bytes(new)) else None
+        raw, cur = self._claim(shard)
+        if cur is not None and cur.live(now_unix):
+            return cur if cur.owner == owner else None
+        new = ShardClaim(shard, owner, now_unix + ttl_s, (cur.epoch if cur else 0) + 1)
+        return new if self._cas(f"shard/{shard}", raw, _claim_bytes(new)) else None
 
     def renew_shard(self, shard: int, owner: str, epoch: int, ttl_s: float, now_unix: float) -> bool:
         """Extend our claim taken at `epoch`; False if the claim is not that one any more (expired and taken
         over, released): then we do not control the shard and must stop at once."""
-        key = f"shard/{shard}"
-        raw = self.sdl.get(self.ns, key, usemsgpack=False)
-        if raw is None:
+        raw, cur = self._claim(shard)
+        if cur is None or cur.owner != owner or cur.epoch != epoch or not cur.live(now_unix):
             return False
-        cur = _claim_value(shard, raw)
-        if cur.owner != owner or cur.epoch != epoch or not cur.live(now_unix):
-            return False
-        return self._cas(key, raw, _claim_bytes(ShardClaim(shard, owner, now_unix + ttl_s, epoch)))
+        return self._cas(f"shard/{shard}", raw, _claim_bytes(ShardClaim(shard, owner, now_unix + ttl_s, epoch)))
 
     def release_shard(self, shard: int, owner: str, epoch: int) -> bool:
         """End our claim now (after its sites' leases were revoked); True if it was still ours."""
-        key = f"shard/{shard}"
-        raw = self.sdl.get(self.ns, key, usemsgpack=False)
-        if raw is None:
+        raw, cur = self._claim(shard)
+        if cur is None or cur.owner != owner or cur.epoch != epoch:
             return False
-        cur = _claim_value(shard, raw)
-        if cur.owner != owner or cur.epoch != epoch:
-            return False
-        return self._cas(key, raw, _claim_bytes(ShardClaim(shard, owner, 0.0, epoch)))
+        return self._cas(f"shard/{shard}", raw, _claim_bytes(ShardClaim(shard, owner, 0.0, epoch)))
+
+    def _claim(self, shard: int) -> tuple[bytes | None, ShardClaim | None]:
+        """A claim's exact stored bytes (for the compare-and-set) and their value; (None, None) if unclaimed."""
+        raw = self.sdl.get(self.ns, f"shard/{shard}", usemsgpack=False)
+        return raw, (None if raw is None else _claim_value(shard, raw))
 
     def beat_replica(self, replica_id: str, ttl_s: float, now_unix: float, broker: str = "") -> None:
         self.sdl.set(self.ns, f"replica/{replica_id}", {"until": float(now_unix + ttl_s), "broker": broker})

@@ -56,8 +56,8 @@ def revocation_cause(reason: str) -> str:
     why = reason.split(":")[0].strip() or "unknown"
     if why.startswith("lifted"):
         return LIFTED
-    if why in ("not-leader", "other-shard"):      # another replica controls the site
-        return why
+    if why == "not-leader":
+        return "not-leader"
     return f"failsafe:{why}" if why in FAILSAFE_REASONS else f"revoked:{why}"
 
 

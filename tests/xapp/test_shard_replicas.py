@@ -170,3 +170,68 @@ def test_a_bad_shard_count_is_refused(bad):
     from xapp.config import ConfigError
     with pytest.raises(ConfigError, match="replicas"):
         XappConfig.from_controls(controls(shards=bad))
+
+
+async def _open_session(port: int, site: str) -> tuple[asyncio.Task, asyncio.Event]:
+    """An agent's stream that stays open (it heartbeats nothing: the broker's agent timeout is longer than the
+    test); the task ends when the broker closes it."""
+    welcomed = asyncio.Event()
+    ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    call = ch.stream_stream("/weaver.v1.LeaseBroker/Session", request_serializer=lambda b: b,
+                            response_deserializer=lease_pb2.BrokerMessage.FromString)
+    msg = lease_pb2.AgentMessage(register=lease_pb2.Register(
+        site_id=site, agent_id=f"agent-{site}", mode="gpu",
+        device=lease_pb2.DeviceFacts(kind="cuda", name="H200", sm_count=132, granularity=8)))
+    stop = asyncio.Event()
+
+    async def requests():
+        yield msg.SerializeToString()
+        await stop.wait()
+
+    async def read():
+        c = call(requests())
+        try:
+            async for m in c:
+                if m.WhichOneof("body") == "welcome":
+                    welcomed.set()
+        except grpc.aio.AioRpcError:
+            pass
+        finally:
+            stop.set()
+            await ch.close()
+    return asyncio.ensure_future(read()), welcomed
+
+
+def test_a_replica_that_hands_a_shard_over_closes_its_agents_streams(redis_env):
+    # An agent left connected to the old owner would never reach the new one (the redirect is given at
+    # registration only): its site would get no lease again. The old owner closes the stream, the agent
+    # registers again and is sent to the new owner.
+    asyncio.run(_hand_over_closes_streams())
+
+
+async def _hand_over_closes_streams():
+    c = controls()
+    c["broker"]["heartbeat_ms"] = 5000                  # the streams stay up on their own for the test
+    cfg = XappConfig.from_controls(c)
+    a, b = XappApp(cfg), XappApp(cfg)
+    sessions: dict = {}
+    try:
+        await a.start(rest_port=0, broker_listen="127.0.0.1:0", rmr_port=0)
+        assert _owned(a) == set(SITES)                  # alone: every shard
+        for s in SITES:
+            sessions[s] = await _open_session(a.broker.port, s)
+        for s in SITES:
+            await asyncio.wait_for(sessions[s][1].wait(), 5)
+        await b.start(rest_port=0, broker_listen="127.0.0.1:0", rmr_port=0)
+        await until(lambda: _split_as_assigned([a, b]), 8, "the shards to split over two replicas")
+        moved, kept = _owned(b), _owned(a)
+        assert moved and kept
+        await until(lambda: all(sessions[s][0].done() for s in moved), 5, "the moved sites' streams to close")
+        await asyncio.sleep(0.3)
+        assert not any(sessions[s][0].done() for s in kept)          # its own sites' agents stay
+        assert set(a.broker.sessions) == kept
+    finally:
+        for task, _ in sessions.values():
+            task.cancel()
+        await a.stop()
+        await b.stop()
