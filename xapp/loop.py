@@ -215,7 +215,7 @@ class LoopState:
     busy_nodes: dict[str, int] = field(default_factory=dict)     # meid -> pending (or orphaned) control id
     control_tags: dict[str, int] = field(default_factory=dict)   # meid -> its live subscription's sub_id
     orphans: dict[str, PendingControl] = field(default_factory=dict)   # meid -> timed out, reply not seen
-    busy_sites: dict[str, int] = field(default_factory=dict)     # site -> pending controls
+    busy_sites: dict[str, set[int]] = field(default_factory=dict)   # site -> its pending control ids
     next_control_id: int = 1
     events: deque = field(default_factory=lambda: deque(maxlen=1000))   # (t, site, kind, detail)
     started: float = 0.0
@@ -374,18 +374,18 @@ def _pop_pending(state: LoopState, cid: int) -> PendingControl | None:
     p = state.pending.pop(cid, None)
     if p is not None:
         state.busy_nodes.pop(p.control.meid, None)
-        n = state.busy_sites.get(p.control.site_id, 1) - 1
-        if n > 0:
-            state.busy_sites[p.control.site_id] = n
-        else:
-            state.busy_sites.pop(p.control.site_id, None)
+        ids = state.busy_sites.get(p.control.site_id)
+        if ids is not None:
+            ids.discard(cid)
+            if not ids:
+                del state.busy_sites[p.control.site_id]
     return p
 
 
 def _add_pending(state: LoopState, ctl: SendControl, now: float) -> None:
     state.pending[ctl.control_id] = PendingControl(ctl, now)
     state.busy_nodes[ctl.meid] = ctl.control_id
-    state.busy_sites[ctl.site_id] = state.busy_sites.get(ctl.site_id, 0) + 1
+    state.busy_sites.setdefault(ctl.site_id, set()).add(ctl.control_id)
 
 
 def set_control_tag(state: LoopState, meid: str, sub_id: int | None) -> None:
@@ -525,10 +525,19 @@ def _result_one(state: LoopState, rt: SiteRuntime, p: PendingControl, r: Control
 
 def _timeouts(state: LoopState, now: float, actions: list, only: str | None) -> None:
     timeout = state.cfg.actuation.control_timeout_ms / 1000.0
-    for meid, o in list(state.orphans.items()):
+    # A site's step looks at that site's controls only: scanning every site's would make a period of
+    # N sites cost N^2 (weaver bench scale).
+    if only is None:
+        orphans, pending = list(state.orphans.items()), list(state.pending.items())
+    else:
+        rt = state.sites.get(only)
+        nodes = rt.cfg.nodes if rt is not None else ()
+        orphans = [(m, state.orphans[m]) for m in nodes if m in state.orphans]
+        pending = [(cid, state.pending[cid]) for cid in sorted(state.busy_sites.get(only, ()))]
+    for meid, o in orphans:
         if now - o.sent >= ORPHAN_TIMEOUTS * timeout and (only is None or o.control.site_id == only):
             _drop_orphan(state, meid)         # its reply is lost for good: the node may be sent to again
-    for cid, p in list(state.pending.items()):
+    for cid, p in pending:
         if now - p.sent >= timeout and (only is None or p.control.site_id == only):
             _pop_pending(state, cid)
             state.settled.append((p.control, "timeout"))
