@@ -525,8 +525,8 @@ def _result_one(state: LoopState, rt: SiteRuntime, p: PendingControl, r: Control
 
 def _timeouts(state: LoopState, now: float, actions: list, only: str | None) -> None:
     timeout = state.cfg.actuation.control_timeout_ms / 1000.0
-    # A site's step looks at that site's controls only: scanning every site's would make a period of
-    # N sites cost N^2 (weaver bench scale).
+    # step_site looks at its own site's controls only: scanning every site's would make a period of N
+    # sites stepped one by one (weaver bench xapp) cost N^2; `step` scans them once for every site.
     if only is None:
         orphans, pending = list(state.orphans.items()), list(state.pending.items())
     else:

@@ -25,6 +25,7 @@ from xapp.loop import (
     next_deadline,
     set_node,
     step,
+    step_site,
 )
 from xapp.rnib import RC_OID, E2Node, RanFunction
 
@@ -146,6 +147,28 @@ def test_control_failure_and_timeout_revoke_and_hold_conservative():
     a = run(st, 0.8, [kpm("n1", 0.8), kpm("n2", 0.8, mean=70, peak=90)])
     assert any(isinstance(x, RevokeLease) and x.site_id == "s2" and x.reason == "control-timeout" for x in a)
     assert pend.control_id not in st.pending
+
+
+def test_a_sites_own_step_times_out_its_control_and_no_other_sites():
+    # step_site looks only at its site's controls (busy_sites): a lost reply must still time out there,
+    # and a neighbour's step must leave it alone
+    c = cfg()
+    st = setup(c)
+    agents = frozenset({"s1", "s2"})
+    a1 = step_site(st, "s1", 0.1, (kpm("n1", 0.1),), agents=agents)
+    a2 = step_site(st, "s2", 0.1, (kpm("n2", 0.1),), agents=agents)
+    lost = of(a1, SendControl, "s1")[0]                 # its reply never comes
+    answered = of(a2, SendControl, "s2")[0]
+    assert st.busy_sites == {"s1": {lost.control_id}, "s2": {answered.control_id}}
+    step_site(st, "s2", 0.2, (kpm("n2", 0.2),), (ControlOutcome(control_id=answered.control_id, ok=True),),
+              agents=agents)
+    assert st.busy_sites == {"s1": {lost.control_id}}
+    a = step_site(st, "s2", 0.45, (kpm("n2", 0.45),), agents=agents)   # past s1's timeout, but s2's step
+    assert lost.control_id in st.pending and not of(a, RevokeLease, "s1")
+    step_site(st, "s1", 0.45, (kpm("n1", 0.45),), agents=agents)
+    assert lost.control_id not in st.pending and "s1" not in st.busy_sites
+    assert (lost, "timeout") in st.settled and "n1" not in st.busy_nodes
+    assert [e for e in st.events if e[2] == "control-timeout"] == [(0.45, "s1", "control-timeout", "n1")]
 
 
 def test_quota_mode_sends_slice_caps_for_best_effort_only():
