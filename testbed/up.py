@@ -154,8 +154,9 @@ async def replica_sites(sup, rests: list[str]) -> dict[str, list[str]]:
 def ledger_check(namespace: str, kills: list[dict] = ()) -> dict:
     """The SDL lease ledger of a replicated run, read before the namespace is removed: every lease each replica
     issued (epoch, issue, hard end) and `lease_epoch_overlaps` (testbed.groundtruth); for each replica-kill,
-    how long its sites went without a new lease (`served_again_s`: kill -> the first lease issued after it,
-    which the ledger keeps as the first of its owner's takeover)."""
+    how long its sites went without a new lease (`served_again_s`: kill -> the first lease of another epoch than
+    the killed owner's, which the ledger keeps as the first of its owner's takeover; the dead replica's own last
+    grant may be stamped just after the kill, when SIGKILL lands mid-write)."""
     import msgpack
     import redis
 
@@ -173,7 +174,11 @@ def ledger_check(namespace: str, kills: list[dict] = ()) -> dict:
     served = {}
     for k in kills:
         for site in k.get("sites", ()):
-            after = [rec["issued_unix"] for rec in leases if rec["site_id"] == site and rec["issued_unix"] > k["start_unix"]]
+            mine = [rec for rec in leases if rec["site_id"] == site]
+            before = [rec for rec in mine if rec["issued_unix"] <= k["start_unix"]]
+            dead = max(before, key=lambda rec: rec["issued_unix"])["epoch"] if before else None     # the owner killed
+            after = [rec["issued_unix"] for rec in mine if rec["issued_unix"] > k["start_unix"]
+                     and rec["epoch"] != dead]
             served[site] = round(min(after) - k["start_unix"], 3) if after else None
     return {"ledger_leases": len(leases), "epochs_by_site": {s: sorted(e) for s, e in sorted(epochs.items())},
             "lease_epoch_overlaps": overlaps, "served_again_s": served}
