@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from schemas.credential import PROOF_FRESH_MS, parse_proof, proof_mac, site_credential
 from schemas.proto.weaver.v1 import lease_pb2
+from xapp.state import LeaseRecord, lease_key
 from xapp.waterfall import AGENT_FIELDS, UsageTotals
 
 MODES = ("", "cpu", "cpu_preferred", "gpu_preferred", "gpu")
@@ -76,10 +77,6 @@ class ProofBook:
         if len(self._seen) >= self.capacity:
             self._seen.popitem(last=False)
         self._seen[key] = p.unix_ms
-
-
-def lease_id(site_id: str, epoch: int, seq: int) -> str:
-    return f"{site_id}.{epoch}.{seq}"
 
 
 class BadRequest(ValueError):
@@ -203,6 +200,13 @@ class LeaseIssued:
     issued_unix: float
     valid_until_unix: float
 
+    def ledger_record(self, ended: str = "") -> LeaseRecord:
+        """Its entry in the SDL lease ledger (`ended`: "" while it may be acted on, or why it ended)."""
+        lease = self.lease
+        return LeaseRecord(lease_id=lease.lease_id, site_id=lease.site_id, sm_count=lease.sm_count,
+                           epoch=lease.epoch, seq=lease.seq, issued_unix=self.issued_unix,
+                           valid_until_unix=self.valid_until_unix, reason=lease.reason, ended=ended)
+
 
 @dataclass
 class SessionLease:
@@ -302,7 +306,7 @@ class AgentBook:
         self.seq[site_id] = max(seq, self.seq.get(site_id, 0))
         valid_ms = self.period_ms * self.valid_periods
         lease = lease_pb2.Lease(
-            lease_id=lease_id(site_id, self.epoch, seq), site_id=site_id, sm_count=sm_count,
+            lease_id=lease_key(site_id, self.epoch, seq), site_id=site_id, sm_count=sm_count,
             period_ms=self.period_ms, valid_for_ms=valid_ms, epoch=self.epoch, seq=seq,
             duty=min(1.0, sm_count / gpu_sms) if gpu_sms else 0.0, reason=reason,
             sent_unix_ms=int(now_unix * 1000), basis=basis)
