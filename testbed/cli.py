@@ -30,6 +30,7 @@ BENCHES = {
     "policies": "testbed.bench.policies",
     "safety": "testbed.bench.safety",
     "federated": "testbed.bench.federated",
+    "scale": "testbed.bench.scale",
 }
 AGENT_BENCHES = {
     "agent": "agent.bench",

@@ -171,7 +171,7 @@ def load_recording(path: str) -> tuple[XappConfig, list[list[tuple[int, str, byt
     return cfg, [[(sid, meid, per_node[(sid, meid)][p]) for sid, meid in nodes] for p in range(n)]
 
 
-def _setup(cfg: XappConfig, decode, sub_ids: dict[str, int] | None = None) -> tuple:
+def loop_setup(cfg: XappConfig, decode, sub_ids: dict[str, int] | None = None) -> tuple:
     state = new_state(cfg, 0.0)
     rc = encode_ran_function_definition(node_ran_function_definition())
     ingest = Ingest(decode=decode)
@@ -187,7 +187,7 @@ def _setup(cfg: XappConfig, decode, sub_ids: dict[str, int] | None = None) -> tu
 
 
 def run_arm(name: str, cfg: XappConfig, recorded, decode) -> ArmResult:
-    state, ingest = _setup(cfg, decode, {meid: sid for sid, meid, _ in recorded[0]})
+    state, ingest = loop_setup(cfg, decode, {meid: sid for sid, meid, _ in recorded[0]})
     site_of = {s.nodes[0]: s.site_id for s in cfg.sites}
     agents = frozenset(s.site_id for s in cfg.sites)
     lat, wall = [], []
