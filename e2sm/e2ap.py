@@ -1005,13 +1005,15 @@ def _aper_encode(value: Any) -> bytes:
 def encode_e2ap(msg: E2apMessage) -> bytes:
     """APER-encode a typed E2AP message; raises E2EncodeError for values the wire cannot carry.
 
-    RICindications are written by `e2sm._fast` (the bytes pycrate writes, without pycrate) unless a field
-    needs length fragments (>= 16 kB)."""
-    if type(msg) is RicIndication:
+    RICindications and RICcontrolRequests are written by `e2sm._fast` (the bytes pycrate writes, without
+    pycrate) unless a field needs length fragments (>= 16 kB)."""
+    if type(msg) is RicIndication or type(msg) is RicControlRequest:
         from e2sm import _fast  # local import: _fast builds this module's dataclasses
 
         try:
-            return _fast.encode_ric_indication(msg)
+            if type(msg) is RicIndication:
+                return _fast.encode_ric_indication(msg)
+            return _fast.encode_control_request(msg)
         except _fast.Unsupported:
             pass
     return _aper_encode(_to_value(msg))
