@@ -48,10 +48,13 @@ class RunEndpoints:
 
 
 def xapp_controls(meids: list[str], *, submgr_url: str, route_table: str, rmr_port: int, broker_port: int,
-                  period_ms: int = 100) -> dict:
-    """The `controls` section for a run against `weaver sim`: one site per node (site-<i>)."""
-    sites = [{"site_id": f"site-{i}", "nodes": [m], "gpu_sms": GPU_SMS, "granularity": 8,
-              "protected_slices": [PROTECTED], "best_effort_slices": [BEST_EFFORT]} for i, m in enumerate(meids)]
+                  period_ms: int = 100, absent_sites: int = 0) -> dict:
+    """The `controls` section for a run against `weaver sim`: one site per node (site-<i>), plus
+    `absent_sites` configured sites whose nodes never connect (site-a<i>: a region's dark sites)."""
+    pairs = [(f"site-{i}", m) for i, m in enumerate(meids)] + [(f"site-a{i:04d}", f"gnb-absent-{i}")
+                                                                for i in range(absent_sites)]
+    sites = [{"site_id": sid, "nodes": [m], "gpu_sms": GPU_SMS, "granularity": 8,
+              "protected_slices": [PROTECTED], "best_effort_slices": [BEST_EFFORT]} for sid, m in pairs]
     return {
         "period_ms": period_ms, "lease_valid_periods": 3, "stale_periods": 3,
         "policy": {"name": "weaver", "guard_sms": 8, "hold_periods": 5},
@@ -78,16 +81,17 @@ class LiveRun:
 
     @classmethod
     def start(cls, run_dir: Path, redis: dict, *, sites: int = 2, cells: int = 2,
-              agent_sites: tuple[int, ...] = (), timeout: float = 60.0) -> LiveRun:
+              agent_sites: tuple[int, ...] = (), timeout: float = 60.0, absent_sites: int = 0) -> LiveRun:
         run = cls(run_dir)
         try:
-            run._start(redis, sites, cells, agent_sites, timeout)
+            run._start(redis, sites, cells, agent_sites, timeout, absent_sites)
         except BaseException:
             run.close()
             raise
         return run
 
-    def _start(self, redis: dict, sites: int, cells: int, agent_sites: tuple[int, ...], timeout: float) -> None:
+    def _start(self, redis: dict, sites: int, cells: int, agent_sites: tuple[int, ...], timeout: float,
+               absent_sites: int = 0) -> None:
         rmr_port, broker_port = free_port(), free_port()
         redis_env = {"DBAAS_SERVICE_HOST": redis["host"], "DBAAS_SERVICE_PORT": str(redis["port"]),
                      "PYTHONPATH": str(ROOT)}
@@ -102,7 +106,7 @@ class LiveRun:
                     and line.count(" ") >= 2)
         meids = info["nodes"].split(",")
         controls = xapp_controls(meids, submgr_url=info["submgr"], route_table=info["route-table"],
-                                 rmr_port=rmr_port, broker_port=broker_port)
+                                 rmr_port=rmr_port, broker_port=broker_port, absent_sites=absent_sites)
         cfg = self.run_dir / "config-file.json"
         cfg.write_text(json.dumps({"name": "weaver", "version": "0.1.0", "controls": controls}))
         env = dict(redis_env, CONFIG_FILE=str(cfg))

@@ -1,5 +1,7 @@
 // Weaver operator dashboard: polls the xApp's REST API (/api/v1/...) every second and draws one chart
-// per site on a canvas. No build step, no library. Every field is treated as optional: a missing
+// per site on a canvas; above CARD_LIMIT sites it shows a table of every site, worst first, and charts
+// only the sites an operator opens from it (one series request a poll per open site, not per site: at
+// 1,000 sites a chart each would be 1,000 requests a second into the xApp's event loop). No build step, no library. Every field is treated as optional: a missing
 // field shows "-", a failed fetch shows "xApp unreachable" and the next poll retries; data already
 // drawn stays on screen. Stable hooks for tests: data-testid / data-site / data-status attributes.
 "use strict";
@@ -8,6 +10,9 @@
   const POLL_MS = 1000;
   const FETCH_TIMEOUT_MS = 3000;
   const LOST_AFTER_S = 3;          // no KPM for this long (or 5 staleness limits, if longer): "lost"
+  const CARD_LIMIT = 12;           // more reported sites than this: the summary table, charts on demand
+  const TABLE_ROWS = 50;           // summary rows shown (worst first); the filter finds any other site
+  const STATUS_RANK = { lost: 0, stale: 1, waiting: 2, live: 3 };
   const COLORS = { demand: "#1565c0", peak: "#90caf9", envelope: "#ef6c00", grant: "#2e7d32",
                    used: "#00bfa5", miss: "#c62828", stale: "#e0e0e0", gap: "#f3f3f3",
                    grid: "#eceff3", axis: "#667" };
@@ -17,6 +22,7 @@
     skewS: 0,                      // browser clock minus xApp clock (from the HTTP Date header)
     sites: new Map(),              // site id -> SiteTrack
     agentsSeen: new Map(),         // site id -> last agent row (kept after it disappears, shown "lost")
+    drill: new Set(),              // summary mode: the sites opened from the table (charted)
     configAt: -Infinity,
     failures: 0, lastOkS: null,
   };
@@ -199,6 +205,66 @@
 
   function kvItem(label, value, bad = false) {
     return [el("span", {}, label), el("b", bad ? { class: "bad" } : {}, value)];
+  }
+
+  function dropCard(track) {
+    if (!track.card) return;
+    track.card.root.remove();
+    track.card = null;
+  }
+
+  // ---------------------------------------------------------------- the summary table (many sites)
+  const summaryMode = () => [...S.sites.values()].filter((t) => t.reported).length > CARD_LIMIT;
+  const charted = (t) => !summaryMode() || S.drill.has(t.id);
+
+  function classifyAll() {
+    for (const t of S.sites.values()) [t.status, t.why] = t.classify();
+  }
+
+  function worstFirst(a, b) {
+    const va = a.view, vb = b.view;
+    const slack = (v) => (v.safety && isNum(v.safety.slack_sms) ? v.safety.slack_sms : Infinity);
+    const misses = (v) => (isNum(v.misses_reported) ? v.misses_reported : 0);
+    return (STATUS_RANK[a.status] ?? 9) - (STATUS_RANK[b.status] ?? 9) || misses(vb) - misses(va)
+      || slack(va) - slack(vb) || (b.kpmAge() ?? -1) - (a.kpmAge() ?? -1) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
+  }
+
+  function renderSiteTable() {
+    const box = $("site-summary");
+    const on = summaryMode();
+    box.hidden = !on;
+    document.body.dataset.view = on ? "summary" : "cards";
+    if (!on) { S.drill.clear(); return; }
+    const all = [...S.sites.values()].sort(worstFirst);
+    const q = $("site-filter").value.trim();
+    const shown = (q ? all.filter((t) => t.id.includes(q)) : all).slice(0, TABLE_ROWS);
+    const count = {};
+    for (const t of all) count[t.status] = (count[t.status] || 0) + 1;
+    $("summary-count").textContent = `${all.length} sites: ${["lost", "stale", "waiting", "live"]
+      .filter((k) => count[k]).map((k) => `${count[k]} ${k}`).join(", ")}; showing ${shown.length}${q ? ` matching "${q}"` : ", worst first"}`;
+    $("site-rows").replaceChildren(...shown.map((t) => {
+      const v = t.view;
+      const slack = v.safety && isNum(v.safety.slack_sms) ? v.safety.slack_sms : null;
+      const row = el("tr", { "data-testid": "summary-row", "data-site": t.id, "data-status": t.status,
+                             "data-drilled": S.drill.has(t.id) ? "1" : "0" },
+        el("td", {}, t.id), el("td", {}, t.status), el("td", { title: t.why }, t.why.slice(0, 60)), el("td", {}, ago(t.kpmAge())),
+        el("td", {}, fmt(v.demand_mean_sms, 1)), el("td", {}, fmt(v.envelope_sms)), el("td", {}, fmt(v.grant_sms)),
+        el("td", {}, fmt(v.misses_reported)), el("td", {}, fmt(slack)), el("td", {}, v.agent || "none"));
+      row.addEventListener("click", () => toggleDrill(t));
+      return row;
+    }));
+  }
+
+  function toggleDrill(track) {
+    if (S.drill.has(track.id)) {
+      S.drill.delete(track.id);
+      dropCard(track);
+    } else {
+      S.drill.add(track.id);
+      renderCard(track);
+      fetchSeries(track).then(() => drawChart(track)).catch(() => null);
+    }
+    renderSiteTable();
   }
 
   function renderCard(track) {
@@ -559,7 +625,7 @@
     const [agents, controls, transfers, subs, wf] = await Promise.allSettled([
       getJson("/api/v1/agents"), getJson("/api/v1/controls"), getJson("/api/v1/transfers"),
       getJson("/api/v1/subscriptions"), getJson("/api/v1/waterfall"),
-      ...[...S.sites.values()].filter((t) => t.reported).map((t) => fetchSeries(t).catch(() => null)),
+      ...[...S.sites.values()].filter((t) => t.reported && charted(t)).map((t) => fetchSeries(t).catch(() => null)),
     ]);
     if (agents.status === "fulfilled" && agents.value) {
       if (agents.value.epoch !== undefined) S.epoch = agents.value.epoch;
@@ -568,7 +634,12 @@
     if (wf.status === "fulfilled" && wf.value && wf.value.sites && typeof wf.value.sites === "object") {
       for (const t of S.sites.values()) if (wf.value.sites[t.id]) t.waterfall = wf.value.sites[t.id];
     }
-    for (const t of S.sites.values()) renderCard(t);
+    classifyAll();
+    for (const t of S.sites.values()) {
+      if (charted(t)) renderCard(t);
+      else dropCard(t);                 // summary mode: a chart only for an opened site
+    }
+    renderSiteTable();
     let ctl = [];
     if (controls.status === "fulfilled" && controls.value) ctl = renderControls(Array.isArray(controls.value.controls) ? controls.value.controls : []);
     if (transfers.status === "fulfilled" && transfers.value) renderTransfers(Array.isArray(transfers.value.transfers) ? transfers.value.transfers : []);
@@ -589,6 +660,7 @@
     setTimeout(loop, POLL_MS);
   }
 
+  $("site-filter").addEventListener("input", renderSiteTable);
   $("window").addEventListener("change", () => { for (const t of S.sites.values()) if (t.card) drawChart(t); });
   window.addEventListener("resize", () => { for (const t of S.sites.values()) if (t.card) drawChart(t); });
   loop();
