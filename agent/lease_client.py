@@ -67,6 +67,7 @@ class Disconnected:
 @dataclass(frozen=True)
 class LeaseGranted:
     terms: LeaseTerms
+    transit_ms: float | None = None   # the broker's decision instant (sent_unix_ms) -> receipt, on the wall clocks
 
 
 @dataclass(frozen=True)
@@ -382,7 +383,8 @@ class LeaseClient:
         elif kind == "lease":
             not_after = lease_hard_end(msg.lease.sent_unix_ms, msg.lease.valid_for_ms, stream.offset.max_offset_ms)
             try:
-                self._events.put(LeaseGranted(lease_terms(msg.lease, now, not_after)))
+                transit = self.wall() * 1e3 - msg.lease.sent_unix_ms if msg.lease.sent_unix_ms else None
+                self._events.put(LeaseGranted(lease_terms(msg.lease, now, not_after), transit))
             except ValueError as exc:   # a malformed lease is refused, and grants nothing
                 log.warning("ignoring malformed lease %r: %s", msg.lease.lease_id, exc)
         elif kind == "revoke":

@@ -58,9 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "them (mtype 12050 lines: sub_id, meid, payload hex); KPM v3.00 assumed")
 
 
-def make_config(n_nodes: int, meids: list[str] | None = None) -> XappConfig:
+def make_config(n_nodes: int, meids: list[str] | None = None, broker: dict | None = None) -> XappConfig:
     meids = meids or [f"gnb-{i}" for i in range(n_nodes)]
     return XappConfig.from_controls({
+        **({"broker": broker} if broker else {}),
         "period_ms": PERIOD_MS, "policy": {"name": "weaver", "guard_sms": 8},
         "actuation": {"mode": "auto", "hysteresis_sms": 8},
         "sites": [{"site_id": f"s{i}", "nodes": [meids[i]], "gpu_sms": 132, "granularity": 8,

@@ -32,6 +32,7 @@ Prints a table, writes `--json FILE` with self-describing keys and `--plot FILE`
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import gc
 import json
@@ -71,6 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--handover", action=argparse.BooleanOptionalAction, default=True,
                         help="also run weaver up --xapp-replicas 3 --fault replica-kill (about a minute)")
     parser.add_argument("--handover-duration", type=int, default=30)
+    parser.add_argument("--sessions", default="10,100,1000",
+                        help="site counts for the live broker stage: a real LeaseBroker (gRPC) granting at the KPM "
+                             "period to that many agents of agent.loadmodel (the agent's real lease client and "
+                             "enforcer, a work model for torch) in the agent venv; 'none' skips it")
+    parser.add_argument("--sessions-seconds", type=float, default=5.0, help="live seconds a sessions row")
     parser.add_argument("--quick", action="store_true", help="sites 10,100, 5 periods, no hand-over (CI smoke)")
     parser.add_argument("--json", default=None, help="write results as JSON to this file")
     parser.add_argument("--plot", default=None, help="write a PNG of the scaling curves to this file")
@@ -269,6 +275,100 @@ def _held_bytes(cfg: XappConfig, warmup) -> int:
     return held
 
 
+SECRET_ENV = "WEAVER_BENCH_SCALE_SECRET"
+
+
+def run_sessions(n_sites: int, seconds: float, cells_per_node: int, seed: int, store: XappStore) -> dict:
+    """The live broker stage at `n_sites`: returns the broker's side and the agents' side, or why it did not run."""
+    agent_py = ROOT / ".venv-agent" / "bin" / "python"
+    if not agent_py.exists():
+        return {"sites": n_sites, "ran": False, "error": f"agent venv not found at {agent_py} (scripts/bootstrap)"}
+    os.environ[SECRET_ENV] = os.urandom(16).hex()       # the broker reads it; the agents make their credentials
+    try:
+        return asyncio.run(_sessions(n_sites, seconds, cells_per_node, seed, store, agent_py))
+    finally:
+        os.environ.pop(SECRET_ENV, None)
+
+
+async def _sessions(n_sites: int, seconds: float, cells_per_node: int, seed: int, store: XappStore,
+                    agent_py: Path) -> dict:
+    from xapp.broker import LeaseBroker
+
+    cfg = make_config(n_sites, broker={"listen": "127.0.0.1:0", "token_env": SECRET_ENV, "heartbeat_ms": 1000})
+    periods = max(2, int(round(seconds * 1000 / PERIOD_MS)))
+    recorded = record(cfg, periods + WARMUP_PERIODS, cells_per_node, seed)
+    state, ingest = loop_setup(cfg, decode_e2ap, {meid: sid for sid, meid, _ in recorded[0]})
+    book = AgentBook(epoch=1, period_ms=cfg.period_ms, valid_periods=cfg.lease_valid_periods,
+                     heartbeat_ms=cfg.broker.heartbeat_ms, timeout_heartbeats=cfg.broker.agent_timeout_heartbeats)
+    ledger = LeaseLedger(store)
+    broker = LeaseBroker(cfg, book, on_lease=lambda issued, what: ledger.add(
+        issued.ledger_record("" if what == "granted" else "revoked"), granted=what == "granted"))
+    port = await broker.start("127.0.0.1:0")
+    connect_budget = 10.0 + n_sites / 50.0
+    with tempfile.TemporaryDirectory(prefix="weaver-scale-load-") as tmp:
+        out = Path(tmp) / "load.json"
+        sites = ",".join(s.site_id for s in cfg.sites)
+        load = await asyncio.create_subprocess_exec(
+            str(agent_py), "-m", "agent.loadmodel", "--broker", f"127.0.0.1:{port}", "--sites", sites,
+            "--duration", str(connect_budget + seconds + WARMUP_PERIODS * PERIOD_MS / 1000 + 1.0),
+            "--secret-env", SECRET_ENV, "--json", str(out), cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        try:
+            t0 = time.monotonic()
+            while len(broker.sessions) < n_sites and time.monotonic() - t0 < connect_budget:
+                await asyncio.sleep(0.05)
+            connected_s = time.monotonic() - t0
+            connected = len(broker.sessions)
+            decisions, tick_cpu, cpu0, wall0 = 0, [], time.process_time(), time.monotonic()
+            grants = 0
+            results: tuple[ControlOutcome, ...] = ()
+            next_t = time.monotonic()
+            for p, period in enumerate(recorded):
+                now = time.monotonic()
+                c0 = time.process_time()
+                samples = tuple(ingest.indication(sid, meid, payload, now) for sid, meid, payload in period)
+                _, actions = step(state, now, Inputs(samples=samples, results=results,
+                                                     agents=frozenset(broker.sessions)))
+                for a in actions:
+                    if isinstance(a, GrantLease):
+                        broker.grant(a.site_id, a.sm_count, a.reason, seq=a.seq, decided_at=a.decided_at, basis=a.basis)
+                    elif isinstance(a, RevokeLease):
+                        broker.revoke(a.site_id, a.reason)
+                with contextlib.suppress(Exception):
+                    ledger.flush()
+                results = tuple(ControlOutcome(control_id=a.control_id, ok=True) for a in actions
+                                if isinstance(a, SendControl))
+                grants += sum(isinstance(a, GrantLease) for a in actions)      # every period: what the agents got
+                if p == WARMUP_PERIODS - 1:
+                    decisions, tick_cpu, cpu0, wall0 = 0, [], time.process_time(), time.monotonic()
+                else:
+                    decisions += sum(isinstance(a, GrantLease | RevokeLease) for a in actions)
+                    tick_cpu.append(time.process_time() - c0)
+                next_t += PERIOD_MS / 1000.0
+                await asyncio.sleep(max(0.0, next_t - time.monotonic()))    # the gRPC writes run meanwhile
+            cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+            reporting = sum(t.sm_ms_granted > 0 for t in book.usage_totals.values())
+            refused = dict(broker.refused_usage)
+            _, err = await asyncio.wait_for(load.communicate(), timeout=connect_budget + seconds + 60)
+        finally:
+            if load.returncode is None:
+                load.kill()
+                await load.wait()
+            await broker.stop(grace=0.5)
+        agents = json.loads(out.read_text()) if out.exists() else None
+    if agents is None:
+        return {"sites": n_sites, "ran": False, "error": (err or b"").decode(errors="replace")[-600:]}
+    return {"sites": n_sites, "ran": True, "sessions_connected": connected, "all_connected_s": connected_s,
+            "live_s": wall, "lease_decisions": decisions, "leases_granted_whole_run": grants,
+            "broker_process_cpu_fraction_of_a_core": cpu / wall if wall else None,
+            "broker_cpu_us_per_lease_decision": cpu / decisions * 1e6 if decisions else None,
+            "tick_cpu_p99_ms": float(np.percentile(np.array(tick_cpu) * 1e3, 99)) if tick_cpu else None,
+            "sites_with_usage_accepted": reporting, "usage_reports_refused": refused,
+            "releases_received": broker.released,
+            "agents": agents}
+
+
 def run_handover(duration: int) -> dict:
     """A live `weaver up --xapp-replicas 3 --fault replica-kill`: its replicas section and ground truth."""
     with tempfile.TemporaryDirectory(prefix="weaver-scale-") as tmp:
@@ -360,6 +460,16 @@ def run(args) -> int:
         cleanup()
         with contextlib.suppress(AttributeError, OSError, TypeError):
             os.sched_setaffinity(0, cores)       # the live hand-over run gets the host's cores
+    session_sites = [] if args.quick or args.sessions == "none" else parse_sites(args.sessions)
+    store2, _, cleanup2 = open_ledger_store(args.redis) if session_sites else (None, None, lambda: None)
+    sessions = []
+    try:
+        for n in session_sites:
+            t0 = time.perf_counter()
+            sessions.append(run_sessions(n, args.sessions_seconds, args.cells_per_node, args.seed, store2))
+            print(f"  sessions {n}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    finally:
+        cleanup2()
     handover = run_handover(args.handover_duration) if args.handover and not args.quick else None
     base = rows[0]
     cap = capacity(rows)
@@ -376,6 +486,20 @@ def run(args) -> int:
     print(f"\ncapacity (from the {cap['from_row_sites']}-site row, {HEADROOM:.0%} of a core for the loop): "
           f"{cap['sites_per_replica']} sites a replica ({cap['indications_per_s_per_replica']:.0f} indications/s); "
           f"a {REGION_SITES}-site region needs {cap['replicas_for_region']} replicas")
+    if sessions:
+        print(f"\nlive broker (real gRPC LeaseBroker granting every {PERIOD_MS} ms; agent.loadmodel: the agent's lease "
+              f"client + enforcer a site, one process):")
+        print(f"{'sites':>6} {'connected':>9} {'in s':>6} {'decisions':>9} {'broker core':>11} {'µs/decision':>11}"
+              f" {'received':>9} {'delivery p50':>12} {'p99':>8} {'max':>8} {'usage sites':>11} {'disconn':>7}")
+        for r in sessions:
+            if not r["ran"]:
+                print(f"{r['sites']:6d} FAILED: {r['error']}")
+                continue
+            a = r["agents"]
+            print(f"{r['sites']:6d} {r['sessions_connected']:9d} {r['all_connected_s']:6.1f} {r['lease_decisions']:9d}"
+                  f" {r['broker_process_cpu_fraction_of_a_core']:11.2f} {r['broker_cpu_us_per_lease_decision'] or 0:11.0f}"
+                  f" {a['leases_received']:9d} {a['lease_delivery_ms_p50'] or 0:10.1f}ms {a['lease_delivery_ms_p99'] or 0:6.1f}ms"
+                  f" {a['lease_delivery_ms_max'] or 0:6.1f}ms {r['sites_with_usage_accepted']:11d} {a['disconnects']:7d}")
     if handover is not None:
         if handover["ran"]:
             print(f"hand-over ({handover['command']}): killed replica's sites {handover['killed_replica_sites']} "
@@ -393,12 +517,14 @@ def run(args) -> int:
                          "cpu_per_indication_vs_baseline": r.cpu_us_per_indication / base.cpu_us_per_indication,
                          "memory_per_site_vs_baseline": r.memory_kib_per_site / base.memory_kib_per_site}
                         for r in rows],
-               "capacity": cap, "handover": handover,
+               "capacity": cap, "handover": handover, "sessions": sessions,
+               "sessions_note": "live broker rows: both processes share the host's cores (not pinned)",
                "load_average": os.getloadavg()}
         Path(args.json).write_text(json.dumps(doc, indent=2))
     if args.plot:
         write_plot(rows, base, args.plot, handover)
-    return 0 if handover is None or handover["ran"] else 1
+    failed = (handover is not None and not handover["ran"]) or any(not r["ran"] for r in sessions)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

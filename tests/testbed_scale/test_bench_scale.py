@@ -20,7 +20,7 @@ def _args(*argv: str) -> argparse.Namespace:
 def test_bench_scale_smoke(tmp_path, capsys, redis_server):
     where = f"{redis_server['host']}:{redis_server['port']}"
     out, png = tmp_path / "s.json", tmp_path / "s.png"
-    assert scale.run(_args("--sites", "4,16", "--periods", "3", "--no-handover", "--redis", where,
+    assert scale.run(_args("--sites", "4,16", "--periods", "3", "--no-handover", "--sessions", "none", "--redis", where,
                            "--json", str(out), "--plot", str(png))) == 0
     doc = json.loads(out.read_text())
     assert doc["ledger_backend"] == f"redis {where}" and doc["handover"] is None
@@ -44,3 +44,21 @@ def test_bad_site_lists_get_one_line(bad):
     with pytest.raises(SystemExit) as e:
         scale.run(_args("--sites", bad, "--no-handover"))
     assert "--sites" in str(e.value)
+
+
+def test_the_live_broker_stage_serves_model_agents_over_grpc(tmp_path, redis_server, repo_root):
+    """Five agent.loadmodel agents (the agent's real lease client and enforcer, in the agent venv) register with
+    their site credentials, get every lease the loop grants, report usage the broker accepts, and stay connected."""
+    if not (repo_root / ".venv-agent" / "bin" / "python").exists():
+        pytest.fail("the agent venv is missing (scripts/bootstrap)")
+    where = f"{redis_server['host']}:{redis_server['port']}"
+    out = tmp_path / "s.json"
+    assert scale.run(_args("--sites", "3", "--periods", "2", "--no-handover", "--redis", where, "--sessions", "5",
+                           "--sessions-seconds", "2", "--json", str(out))) == 0
+    (row,) = json.loads(out.read_text())["sessions"]
+    assert row["ran"] and row["sessions_connected"] == 5, row
+    a = row["agents"]
+    assert a["sites_connected"] == 5 and a["disconnects"] == 0 and a["redirects"] == 0, a
+    assert row["leases_granted_whole_run"] > 0 and a["leases_received"] == row["leases_granted_whole_run"], (row, a)
+    assert 0 <= a["lease_delivery_ms_p50"] <= a["lease_delivery_ms_p99"] <= a["lease_delivery_ms_max"]
+    assert row["sites_with_usage_accepted"] == 5 and row["usage_reports_refused"] == {}, row

@@ -1,0 +1,201 @@
+"""Many sites' agents in one process, for load (issue 27 item 3): each site runs the agent's real lease
+protocol - `agent.lease_client.LeaseClient` (its own gRPC stream, Register with the site's credential proof,
+heartbeats, clock-offset bound, reconnects and redirects) and `agent.enforcer.BudgetEnforcer` (the window and
+micro-batch plan) - with a work model in place of torch: a planned micro-batch of B samples "takes"
+`step_a_s + step_b_s * B` of the clock and uses nothing. The usage reports, releases and waterfall terms go
+back to the broker as a real agent's do, built from the enforcer's own window reports.
+
+What it measures, on this host's wall clock (the broker stamps each lease with its decision instant): for
+every lease, decision -> receipt by the site's client (`lease_delivery_ms`), and how many leases, revokes,
+sessions and redirects each site saw. It never touches a GPU and imports no job code.
+
+    python -m agent.loadmodel --broker HOST:PORT[,HOST:PORT...] --sites site-0,site-1 --duration 10 --json F
+
+The broker secret (to make each site's credential, as `weaver-xapp site-token` would) is read from the
+environment variable `--secret-env` names; none: the broker's dev mode, no credential.
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+from agent.config import EnforcerConfig, LeaseClientConfig
+from agent.enforcer import WALL, BudgetEnforcer, Idle, Launch, StepNow
+from agent.lease_client import Connected, Disconnected, LeaseClient, LeaseGranted, LeaseRevoked
+from agent.monitors import DeviceFacts
+from schemas.credential import site_credential
+from schemas.proto.weaver.v1 import lease_pb2
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    brokers: str
+    sites: tuple[str, ...]
+    duration_s: float = 10.0
+    gpu_sms: int = 132
+    granularity: int = 8
+    step_a_s: float = 0.002          # the work model: a micro-batch of B samples takes a + b*B seconds
+    step_b_s: float = 0.0002
+    step_samples: int = 16           # samples between optimizer steps
+    secret: str | None = None
+    start_spread_s: float = 2.0      # registrations spread over this long (a region's agents do not start at once)
+
+
+@dataclass
+class ModelAgent:
+    site_id: str
+    client: LeaseClient
+    enforcer: BudgetEnforcer
+    busy_until: float = 0.0          # the work model's current micro-batch or step ends then
+    running: tuple | None = None     # (kind, size, started)
+    pending_samples: int = 0
+    delivery_ms: list[float] = field(default_factory=list)
+    leases: int = 0
+    revokes: int = 0
+    reports: int = 0
+    connects: int = 0
+    disconnects: int = 0
+
+
+def make_agent(cfg: LoadConfig, site_id: str) -> ModelAgent:
+    token = site_credential(cfg.secret, site_id) if cfg.secret else ""
+    client = LeaseClient(LeaseClientConfig(broker=cfg.brokers, site_id=site_id, agent_id=f"load-{site_id}",
+                                           token=token, heartbeat_ms=1000),
+                         DeviceFacts(kind="cuda", name="work model", sm_count=cfg.gpu_sms,
+                                     granularity=cfg.granularity, green_contexts=True),
+                         mode="gpu", capabilities=())
+    client.job = "agent.loadmodel (work model, no torch)"
+    return ModelAgent(site_id, client, BudgetEnforcer(EnforcerConfig(), meter=WALL))
+
+
+def _report(a: ModelAgent, now: float) -> None:
+    for r in a.enforcer.close_windows(now):
+        if not r.lease_id or r.granted_s <= 0:
+            continue
+        units = r.sm_count
+        used, granted = r.busy_s * 1e3 * units, r.granted_s * 1e3 * units
+        ok = a.client.send_usage(lease_pb2.UsageReport(
+            lease_id=r.lease_id, sm_ms_used=min(used, granted), sm_ms_granted=granted, overrun_ms=r.overrun_s * 1e3,
+            steps=r.steps, tokens=r.samples * 64, mode="gpu", device="cuda", window_ms=r.length_s * 1e3,
+            idle_other_sm_ms=max(0.0, granted - used), beyond_grant_sm_ms=max(0.0, used - granted)))
+        a.reports += ok
+
+
+def _events(a: ModelAgent, now: float) -> None:
+    for ev in a.client.poll():
+        if isinstance(ev, Connected):
+            a.connects += 1
+        elif isinstance(ev, Disconnected):
+            a.disconnects += 1
+            a.enforcer.on_revoke(now, reason="disconnected", in_flight_until=a.busy_until)
+        elif isinstance(ev, LeaseGranted):
+            a.leases += 1
+            a.enforcer.on_lease(ev.terms)      # reports follow the enforcer's windows (`_report`)
+            if ev.transit_ms is not None:
+                a.delivery_ms.append(ev.transit_ms)
+        elif isinstance(ev, LeaseRevoked):
+            a.revokes += 1
+            if a.enforcer.on_revoke(now, ev.lease_id, in_flight_until=a.busy_until):
+                a.client.send_release(ev.lease_id, ev.reason, 0.0, 0)
+
+
+def _advance(cfg: LoadConfig, a: ModelAgent, now: float) -> float:
+    """Finish the modelled work that ended by `now`, plan the next; returns when to look again."""
+    e = a.enforcer
+    if a.running is not None and now >= a.busy_until:
+        kind, size, started = a.running
+        if kind == "batch":
+            e.record_micro_batch(size, started, a.busy_until, a.busy_until - started)
+            a.pending_samples += size
+        else:
+            e.record_step(started, a.busy_until, a.busy_until - started)
+            a.pending_samples = 0
+        a.running = None
+    if a.running is not None:
+        return a.busy_until
+    d = e.decide(now, a.pending_samples, cfg.step_samples)
+    if isinstance(d, Launch):
+        a.running, a.busy_until = ("batch", d.size, now), now + cfg.step_a_s + cfg.step_b_s * d.size
+        return a.busy_until
+    if isinstance(d, StepNow):
+        a.running, a.busy_until = ("step", 0, now), now + cfg.step_a_s
+        return a.busy_until
+    assert isinstance(d, Idle)
+    return now + 0.05 if d.until is None else max(now + 0.001, min(d.until, now + 0.05))
+
+
+def run(cfg: LoadConfig, out=print) -> dict:
+    agents = [make_agent(cfg, s) for s in cfg.sites]
+    clock = time.monotonic
+    t0 = clock()
+    for a in agents:                          # spread the registrations
+        a.client.start()
+        gap = cfg.start_spread_s / max(1, len(agents))
+        if gap > 0:
+            time.sleep(gap)
+    out(f"weaver-load: started {len(agents)} agents in {clock() - t0:.1f} s", flush=True)
+    wake = [(clock(), i) for i in range(len(agents))]
+    heapq.heapify(wake)
+    end = clock() + cfg.duration_s
+    last_events = 0.0
+    cpu0 = time.process_time()
+    while clock() < end:
+        now = clock()
+        if now - last_events >= 0.005:         # every client's events, each 5 ms
+            for a in agents:
+                _events(a, now)
+            last_events = now
+        while wake and wake[0][0] <= now:
+            _, i = heapq.heappop(wake)
+            a = agents[i]
+            heapq.heappush(wake, (_advance(cfg, a, now), i))
+            _report(a, now)
+        time.sleep(max(0.0, min(0.005, (wake[0][0] if wake else now + 0.005) - clock())))
+    cpu = time.process_time() - cpu0
+    for a in agents:
+        a.client.stop(timeout=2.0, drain_s=0.2)
+    delivery = sorted(x for a in agents for x in a.delivery_ms)
+
+    def pct(q: float) -> float | None:
+        return delivery[min(len(delivery) - 1, int(q * len(delivery)))] if delivery else None
+
+    return {"agents": len(agents), "duration_s": cfg.duration_s, "process_cpu_s": cpu,
+            "sites_connected": sum(a.connects > 0 for a in agents),
+            "disconnects": sum(a.disconnects for a in agents), "redirects": sum(a.client.redirects for a in agents),
+            "leases_received": sum(a.leases for a in agents), "revokes_received": sum(a.revokes for a in agents),
+            "usage_reports_sent": sum(a.reports for a in agents),
+            "lease_delivery_ms_p50": pct(0.50), "lease_delivery_ms_p99": pct(0.99),
+            "lease_delivery_ms_max": delivery[-1] if delivery else None,
+            "dropped_reports": sum(a.client.dropped_reports for a in agents)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m agent.loadmodel", description=__doc__.split("\n\n")[0])
+    p.add_argument("--broker", required=True, help="host:port, or the replicas' brokers comma-separated")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--sites", help="comma-separated site ids")
+    g.add_argument("--count", type=int, help="site-0 .. site-(N-1)")
+    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--secret-env", default="", help="env var holding the broker secret (site credentials)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    sites = tuple(s for s in (args.sites or "").split(",") if s) or tuple(f"site-{i}" for i in range(args.count or 0))
+    if not sites or len(sites) > 5000 or args.duration <= 0:
+        print("weaver-load: need 1..5000 sites and a duration > 0", file=sys.stderr)
+        return 2
+    secret = os.environ.get(args.secret_env) if args.secret_env else None
+    doc = run(LoadConfig(brokers=args.broker, sites=sites, duration_s=args.duration, secret=secret))
+    print(json.dumps(doc), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
