@@ -62,3 +62,4 @@ def test_the_live_broker_stage_serves_model_agents_over_grpc(tmp_path, redis_ser
     assert row["leases_granted_whole_run"] > 0 and a["leases_received"] == row["leases_granted_whole_run"], (row, a)
     assert 0 <= a["lease_delivery_ms_p50"] <= a["lease_delivery_ms_p99"] <= a["lease_delivery_ms_max"]
     assert row["sites_with_usage_accepted"] == 5 and row["usage_reports_refused"] == {}, row
+    assert a["leases_received_past_hard_end"] == 0, a
