@@ -421,14 +421,15 @@ def capacity(rows: list[ScaleRow], sessions: list[dict] = ()) -> dict:
             "indications_per_s_per_replica": per_replica * 1000.0 / PERIOD_MS}
 
 
-def write_plot(rows: list[ScaleRow], base: ScaleRow, path: str, handover: dict | None) -> None:
+def write_plot(rows: list[ScaleRow], base: ScaleRow, path: str, handover: dict | None, sessions: list[dict] = ()) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     n = [r.sites for r in rows]
-    fig, ax = plt.subplots(2, 2, figsize=(10, 7))
+    live = [r for r in sessions if r.get("ran")]
+    fig, ax = plt.subplots(2, 3 if live else 2, figsize=(15 if live else 10, 7))
     ax[0, 0].plot(n, [r.cpu_us_per_indication for r in rows], "o-", label="total")
     ax[0, 0].plot(n, [r.ingest_us_per_indication for r in rows], "s--", label="ingest")
     ax[0, 0].plot(n, [r.tick_us_per_site for r in rows], "^--", label="tick per site")
@@ -443,6 +444,19 @@ def write_plot(rows: list[ScaleRow], base: ScaleRow, path: str, handover: dict |
     ax[1, 0].set(title="memory per site", ylabel="KiB")
     ax[1, 1].plot(n, [r.lease_decisions_per_s for r in rows], "o-")
     ax[1, 1].set(title="lease decisions / CPU s (book + stream + ledger)", ylabel="/s")
+    if live:
+        m = [r["sites"] for r in live]
+        ax[0, 2].plot(m, [r["agents"]["lease_delivery_ms_p99"] for r in live], "o-", label="p99")
+        ax[0, 2].plot(m, [r["agents"]["lease_delivery_ms_p50"] for r in live], "s--", label="p50")
+        ax[0, 2].axhline(PERIOD_MS * 3, color="red", lw=0.8, label="lease validity (3 periods)")
+        ax[0, 2].set(title="live broker: lease decision -> agent receipt", ylabel="ms", yscale="log")
+        ax[0, 2].legend()
+        ax[1, 2].plot(m, [r["broker_process_cpu_fraction_of_a_core"] for r in live], "o-", label="broker process")
+        ax[1, 2].plot(n, [r.cpu_us_per_indication * r.sites * 1000 / PERIOD_MS / 1e6 for r in rows], "s--",
+                      label="loop alone (offline)")
+        ax[1, 2].axhline(HEADROOM, color="red", lw=0.8, label=f"{HEADROOM:.0%} of a core")
+        ax[1, 2].set(title="CPU of one replica (cores)", ylabel="cores", yscale="log")
+        ax[1, 2].legend()
     for a in ax.flat:
         a.set(xscale="log", xlabel="sites on one replica")
         a.grid(alpha=0.3)
@@ -544,7 +558,7 @@ def run(args) -> int:
                "load_average": os.getloadavg()}
         Path(args.json).write_text(json.dumps(doc, indent=2))
     if args.plot:
-        write_plot(rows, base, args.plot, handover)
+        write_plot(rows, base, args.plot, handover, sessions)
     failed = (handover is not None and not handover["ran"]) or any(not r["ran"] for r in sessions)
     return 1 if failed else 0
 

@@ -54,7 +54,8 @@ def test_the_live_broker_stage_serves_model_agents_over_grpc(tmp_path, redis_ser
     where = f"{redis_server['host']}:{redis_server['port']}"
     out = tmp_path / "s.json"
     assert scale.run(_args("--sites", "3", "--periods", "2", "--no-handover", "--redis", where, "--sessions", "5",
-                           "--sessions-seconds", "2", "--json", str(out))) == 0
+                           "--sessions-seconds", "2", "--json", str(out), "--plot", str(tmp_path / "s.png"))) == 0
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
     (row,) = json.loads(out.read_text())["sessions"]
     assert row["ran"] and row["sessions_connected"] == 5, row
     a = row["agents"]
