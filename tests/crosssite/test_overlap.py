@@ -132,7 +132,7 @@ def _agent(tmp_path, monkeypatch, round_ms=600) -> CrossSiteAgent:
 def test_the_lease_loop_trains_through_the_transfer_windows(tmp_path, monkeypatch):
     agent = _agent(tmp_path, monkeypatch)
     agent.enforcer.on_revoke(agent.clock(), "", "test", agent.clock())   # no training before the tier is on
-    assert wait_for(lambda: (agent._iteration(), agent.tier is not None)[1], 10)
+    assert wait_for(lambda: (agent._iteration(), agent.tier is not None)[1], 30)
     assert agent.stepped_tokens == 0
     agent.enforcer.on_lease(LeaseTerms("L2", 1, 0.1, 60.0, 1.0, agent.clock(), 0, 2))
     windows = []
@@ -160,7 +160,8 @@ def test_a_revocation_while_a_round_is_in_flight_is_released_at_once(tmp_path, m
     agent = _agent(tmp_path, monkeypatch, round_ms=400)
     sent = record_releases(agent)
     agent._held = agent.enforcer.lease
-    assert wait_for(lambda: (agent._iteration(), agent.tier is not None and agent.tier.in_flight)[1], 10)
+    # 30 s: the wait covers the tier's start (model copies, the solo manager), slower late in a full CI run
+    assert wait_for(lambda: (agent._iteration(), agent.tier is not None and agent.tier.in_flight)[1], 30)
     events = [[LeaseRevoked(agent.clock(), "", "stale-kpm")]]
     agent.client.poll = lambda timeout=0.0: events.pop(0) if events else []
     agent._iteration()
