@@ -1007,13 +1007,12 @@ def encode_e2ap(msg: E2apMessage) -> bytes:
 
     RICindications and RICcontrolRequests are written by `e2sm._fast` (the bytes pycrate writes, without
     pycrate) unless a field needs length fragments (>= 16 kB)."""
-    if type(msg) is RicIndication or type(msg) is RicControlRequest:
+    if type(msg) in (RicIndication, RicControlRequest):
         from e2sm import _fast  # local import: _fast builds this module's dataclasses
 
+        write = _fast.encode_ric_indication if type(msg) is RicIndication else _fast.encode_control_request
         try:
-            if type(msg) is RicIndication:
-                return _fast.encode_ric_indication(msg)
-            return _fast.encode_control_request(msg)
+            return write(msg)
         except _fast.Unsupported:
             pass
     return _aper_encode(_to_value(msg))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import msgpack
@@ -369,15 +369,14 @@ class LeaseLedger:
 
     store: XappStore
     first_grant: dict[str, int | None] = field(default_factory=dict)   # site -> seq of its first lease
+    pending: dict[str, LeaseRecord] = field(default_factory=dict)     # lease id -> entry not written yet
+    dropping: set[str] = field(default_factory=set)                    # lease ids whose entries go
 
     def restart(self, site_id: str | None = None) -> None:
         if site_id is None:
             self.first_grant.clear()
         else:
             self.first_grant[site_id] = None
-
-    pending: dict[str, LeaseRecord] = field(default_factory=dict)     # lease id -> entry not written yet
-    dropping: set[str] = field(default_factory=set)                    # lease ids whose entries go
 
     def add(self, rec: LeaseRecord, granted: bool) -> None:
         """Queue an entry (a later one of the same lease, e.g. its revocation, replaces it); `flush` writes."""
@@ -407,11 +406,12 @@ def lease_key(site_id: str, epoch: int, seq: int) -> str:
     return f"{site_id}.{epoch}.{seq}"
 
 
+_LEASE_FIELDS = tuple(f.name for f in fields(LeaseRecord))
+
+
 def _lease_dict(r: LeaseRecord) -> dict[str, Any]:
-    # dataclasses.asdict deep-copies every field: a tenth of a lease decision's CPU at 1,000 sites
-    return {"lease_id": r.lease_id, "site_id": r.site_id, "sm_count": r.sm_count, "epoch": r.epoch, "seq": r.seq,
-            "issued_unix": r.issued_unix, "valid_until_unix": r.valid_until_unix, "reason": r.reason,
-            "agent_id": r.agent_id, "ended": r.ended}
+    # asdict deep-copies every field (a tenth of a lease decision's CPU at 1,000 sites); the fields are scalars
+    return {k: getattr(r, k) for k in _LEASE_FIELDS}
 
 
 def open_store(namespace: str = "weaver", env: dict[str, str] | None = None) -> XappStore:

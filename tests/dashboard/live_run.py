@@ -4,8 +4,10 @@ listed site. Children run in their own process groups under `testbed.procs.Super
 leaves nothing behind even when a test fails half-way."""
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,3 +131,14 @@ class LiveRun:
     def close(self) -> None:
         # xApp first (it revokes leases), then agents, then the testbed: the order `weaver up` uses.
         self.sup.stop_all(order=["xapp", "agent", "sim"], timeout=10.0)
+
+
+async def until(fn, timeout: float, what: str, run: LiveRun, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = await fn()
+        if last:
+            return last
+        await asyncio.sleep(every)
+    raise AssertionError(f"dashboard: timed out after {timeout:.0f}s waiting for {what}; last: {last}\n{run.tails()}")

@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 from cdp import Chromium, chromium_path
-from live_run import LiveRun, http_json
+from live_run import LiveRun, http_json, until
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -38,17 +37,6 @@ DEMAND_PIXELS = """Object.fromEntries([...document.querySelectorAll('canvas[data
 
 AGENTS = """[...document.querySelectorAll('[data-testid=agent-row]')].map(r => ({site: r.dataset.site,
   status: r.dataset.status, cells: [...r.cells].map(td => td.textContent)}))"""
-
-
-async def until(fn, timeout: float, what: str, run: LiveRun, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = await fn()
-        if last:
-            return last
-        await asyncio.sleep(every)
-    raise AssertionError(f"dashboard: timed out after {timeout:.0f}s waiting for {what}; last: {last}\n{run.tails()}")
 
 
 @pytest.mark.timeout(170)

@@ -8,12 +8,11 @@ only (a chart a site would be 1,000 requests a second into the xApp's event loop
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
 from cdp import Chromium, chromium_path
-from live_run import LiveRun, http_json
+from live_run import LiveRun, http_json, until
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -23,17 +22,6 @@ SERIES = """performance.getEntriesByType('resource').map(e => e.name).filter(n =
   .map(n => decodeURIComponent(n.split('/api/v1/sites/')[1].split('/')[0]))"""
 CARDS = """[...document.querySelectorAll('[data-testid=site-card]')].map(c => ({site: c.dataset.site,
   status: c.dataset.status, points: +c.querySelector('canvas').dataset.points}))"""
-
-
-async def until(fn, timeout: float, what: str, run: LiveRun, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = await fn()
-        if last:
-            return last
-        await asyncio.sleep(every)
-    raise AssertionError(f"dashboard: timed out after {timeout:.0f}s waiting for {what}; last: {last}\n{run.tails()}")
 
 
 @pytest.mark.timeout(200)

@@ -1,9 +1,10 @@
 // Weaver operator dashboard: polls the xApp's REST API (/api/v1/...) every second and draws one chart
 // per site on a canvas; above CARD_LIMIT sites it shows a table of every site, worst first, and charts
 // only the sites an operator opens from it (one series request a poll per open site, not per site: at
-// 1,000 sites a chart each would be 1,000 requests a second into the xApp's event loop). No build step, no library. Every field is treated as optional: a missing
-// field shows "-", a failed fetch shows "xApp unreachable" and the next poll retries; data already
-// drawn stays on screen. Stable hooks for tests: data-testid / data-site / data-status attributes.
+// 1,000 sites a chart each would be 1,000 requests a second into the xApp's event loop). No build step,
+// no library. Every field is treated as optional: a missing field shows "-", a failed fetch shows "xApp
+// unreachable" and the next poll retries; data already drawn stays on screen. Stable hooks for tests:
+// data-testid / data-site / data-status attributes.
 "use strict";
 
 (() => {
@@ -215,7 +216,6 @@
 
   // ---------------------------------------------------------------- the summary table (many sites)
   const summaryMode = () => [...S.sites.values()].filter((t) => t.reported).length > CARD_LIMIT;
-  const charted = (t) => !summaryMode() || S.drill.has(t.id);
 
   function classifyAll() {
     for (const t of S.sites.values()) [t.status, t.why] = t.classify();
@@ -622,6 +622,8 @@
       S.sites.get(v.site_id).update(v);
     }
     for (const t of S.sites.values()) if (!seen.has(t.id)) t.reported = false;
+    const summary = summaryMode();                 // once a poll: it scans every site
+    const charted = (t) => !summary || S.drill.has(t.id);
     const [agents, controls, transfers, subs, wf] = await Promise.allSettled([
       getJson("/api/v1/agents"), getJson("/api/v1/controls"), getJson("/api/v1/transfers"),
       getJson("/api/v1/subscriptions"), getJson("/api/v1/waterfall"),
