@@ -170,6 +170,12 @@ class LeaseBroker:
         if sess.pass_expiry and sess.pass_expiry - self.wall() < self.cfg.broker.tier_pass_s / 2:
             self._push_cross_site(sess)
 
+    def open_session(self, site_id: str, session: int) -> _Session:
+        """The stream side of an admitted registration: leases and revokes for the site queue here."""
+        sess = _Session(site_id, session)
+        self.sessions[site_id] = sess
+        return sess
+
     def grant(self, site_id: str, sm_count: int, reason: str, *, seq: int = 0, decided_at: float | None = None,
               basis: str = "") -> LeaseIssued | None:
         """Issue (or renew) the site's lease; None when no agent is connected for the site.
@@ -277,8 +283,7 @@ class LeaseBroker:
                         self.now() - old.last_seen, reg.agent_id)
             self.revoke(reg.site_id, "agent-replaced")
             stale.close()
-        sess = _Session(reg.site_id, sid)
-        self.sessions[reg.site_id] = sess
+        sess = self.open_session(reg.site_id, sid)
         cross_site = self.cross_site(reg.site_id)
         sess.pass_expiry = cross_site.tier_pass_expiry_unix
         self.events.append((self.wall(), reg.site_id, "agent-connected", reg.agent_id))

@@ -8,15 +8,16 @@ runs the deployed replica's path period by period, as `weaver-xapp` does:
   delivers them between ticks;
 - tick: one `xapp.loop.step` over every site with the period's samples and the previous period's control
   ACKs (estimate, policy, invariant, RC control encode), then each lease decision as the broker performs
-  it: `AgentBook.issue`/`revoke` (the ledger the invariant's leases live in), the BrokerMessage as it goes on
-  the agent's stream, and the tick's SDL ledger entries (`xapp.state.LeaseLedger`, one write at the tick's
-  end) into the real Redis when one answers (`--redis`), the embedded store otherwise (said in the table
-  and the JSON).
+  it: `xapp.broker.LeaseBroker.grant`/`revoke` with every site's session open (the AgentBook, the
+  BrokerMessage serialized as the session writer does), and the tick's SDL ledger entries
+  (`xapp.state.LeaseLedger`, one write at the tick's end) into the real Redis when one answers (`--redis`),
+  the embedded store otherwise (said in the table and the JSON).
 Measured by this thread's CPU clock: CPU per indication (everything above over indications), the tick's
 p50/p99 (step + lease decisions: the time the loop holds the event loop), lease decisions a CPU second,
 and memory per site (tracemalloc over a separate short pass: the loop state, the ingest tables, the book
-and ledger of N sites, less the recording). From the largest row: the sites one core can serve at the KPM
-period with half a core of headroom, and how many replicas a 1,000-site region needs.
+and ledger of N sites, less the recording). Capacity: the sites a replica serves with half a core, the
+smaller of the largest offline row's figure and the live broker stage's (below) at its largest row that
+kept up, and how many replicas a 1,000-site region needs.
 
 The baseline, in the same command: the smallest row (10 sites): the per-site costs at N sites are stated
 as ratios to it (1.0 = linear scaling, > 1 = a cost that grows faster than the sites).
@@ -49,7 +50,6 @@ from pathlib import Path
 import numpy as np
 
 from e2sm.e2ap import decode_e2ap
-from schemas.proto.weaver.v1 import lease_pb2
 from xapp.agents import AgentBook, Registration
 from xapp.bench import PERIOD_MS, loop_setup, make_config, record
 from xapp.config import XappConfig
@@ -104,7 +104,7 @@ class ScaleRow:
     tick_p50_ms: float
     tick_p99_ms: float
     tick_max_ms: float
-    lease_decisions: int                # grants + revokes performed (book, stream message, ledger write)
+    lease_decisions: int                # grants + revokes performed (LeaseBroker, stream message, ledger write)
     lease_decisions_per_s: float        # per CPU second of the lease-decision path alone
     ledger_us_per_decision: float
     controls_encoded: int
@@ -112,43 +112,49 @@ class ScaleRow:
     sites_per_core: float               # sites one core serves at the KPM period, all of the core
 
 
-class LedgerSink:
-    """The broker's side of a lease decision without a socket: the AgentBook, the stream message and the
-    SDL ledger write, in the order `xapp.broker.LeaseBroker.grant`/`revoke` and `XappApp._ledger` do them."""
+WALL0 = 1_800_000_000.0     # the offline rows' wall clock at loop time 0
 
-    def __init__(self, cfg: XappConfig, store: XappStore) -> None:
-        self.cfg = cfg
-        self.book = AgentBook(epoch=1, period_ms=cfg.period_ms, valid_periods=cfg.lease_valid_periods,
-                              heartbeat_ms=cfg.broker.heartbeat_ms, timeout_heartbeats=cfg.broker.agent_timeout_heartbeats)
+
+class BrokerSide:
+    """The deployed broker without a socket: `xapp.broker.LeaseBroker` with every site's session opened as an
+    admitted Register opens it, grants and revokes performed as `XappApp._perform` does, the ledger hook and
+    end-of-tick write as `XappApp._ledger`/`tick` do them, and the queued stream messages serialized as the
+    session writer serializes them."""
+
+    def __init__(self, cfg: XappConfig, store: XappStore, clock: dict[str, float]) -> None:
+        from xapp.broker import LeaseBroker
+
+        book = AgentBook(epoch=1, period_ms=cfg.period_ms, valid_periods=cfg.lease_valid_periods,
+                         heartbeat_ms=cfg.broker.heartbeat_ms, timeout_heartbeats=cfg.broker.agent_timeout_heartbeats)
         self.ledger = LeaseLedger(store)
-        self.wire_bytes = 0
         self.ledger_s = 0.0
+        self.wire_bytes = 0
+        self.broker = LeaseBroker(cfg, book, now=lambda: clock["now"], wall=lambda: WALL0 + clock["now"],
+                                  on_lease=self._ledger)
         for s in cfg.sites:
-            self.book.connect(Registration(site_id=s.site_id, agent_id=f"agent-{s.site_id}", kind="gpu",
-                                           sm_count=s.gpu_sms, granularity=s.granularity, capabilities=(),
-                                           mode="gpu"), now=0.0)
+            sid, _ = book.connect(Registration(site_id=s.site_id, agent_id=f"agent-{s.site_id}", kind="gpu",
+                                               sm_count=s.gpu_sms, granularity=s.granularity, capabilities=(),
+                                               mode="gpu"), now=0.0)
+            self.broker.open_session(s.site_id, sid)
 
-    def perform(self, a: GrantLease | RevokeLease, wall: float) -> None:
-        site = self.cfg.site(a.site_id)
+    def _ledger(self, issued, what: str) -> None:
+        t0 = time.thread_time()
+        self.ledger.add(issued.ledger_record("" if what == "granted" else "revoked"), granted=what == "granted")
+        self.ledger_s += time.thread_time() - t0
+
+    def perform(self, a: GrantLease | RevokeLease) -> None:
         if isinstance(a, GrantLease):
-            issued = self.book.issue(a.site_id, a.sm_count, site.gpu_sms, a.reason, wall, seq=a.seq, basis=a.basis)
-            msg = lease_pb2.BrokerMessage(lease=issued.lease)
-            granted, ended = True, ""
+            self.broker.grant(a.site_id, a.sm_count, a.reason, seq=a.seq, decided_at=a.decided_at, basis=a.basis)
         else:
-            issued = self.book.revoke(a.site_id, wall)
-            msg = lease_pb2.BrokerMessage(revoke=lease_pb2.Revoke(lease_id="", reason=a.reason))
-            granted, ended = False, "revoked"
-        self.wire_bytes += len(msg.SerializeToString())
-        if issued is not None:
-            t0 = time.thread_time()
-            self.ledger.add(issued.ledger_record(ended), granted=granted)
-            self.ledger_s += time.thread_time() - t0
+            self.broker.revoke(a.site_id, a.reason)
 
     def end_of_tick(self) -> None:
-        """The tick's ledger entries in one SDL write, as `XappApp.tick` flushes them."""
         t0 = time.thread_time()
         self.ledger.flush()
         self.ledger_s += time.thread_time() - t0
+        for sess in self.broker.sessions.values():
+            while not sess.out.empty():
+                self.wire_bytes += len(sess.out.get_nowait().SerializeToString())
 
 
 def open_ledger_store(redis: str) -> tuple[XappStore, str, callable]:
@@ -191,7 +197,8 @@ def run_row(n_sites: int, cells_per_node: int, periods: int, seed: int, store: X
     recorded = record(cfg, periods + WARMUP_PERIODS, cells_per_node, seed)
     memory = memory_per_site(cfg, recorded[:WARMUP_PERIODS], cells_per_node, seed)
     state, ingest = loop_setup(cfg, decode_e2ap, {meid: sid for sid, meid, _ in recorded[0]})
-    sink = LedgerSink(cfg, store)
+    loop_clock = {"now": 0.0}
+    sink = BrokerSide(cfg, store, loop_clock)
     agents = frozenset(s.site_id for s in cfg.sites)
     clock = time.thread_time
     ticks, ingest_s, lease_s, n_ind, decisions, controls = [], 0.0, 0.0, 0, 0, 0
@@ -200,8 +207,7 @@ def run_row(n_sites: int, cells_per_node: int, periods: int, seed: int, store: X
     gc.freeze()
     for p, period in enumerate(recorded):
         timed = p >= WARMUP_PERIODS
-        now = (p + 1) * PERIOD_MS / 1000.0
-        wall = 1_800_000_000.0 + now
+        now = loop_clock["now"] = (p + 1) * PERIOD_MS / 1000.0
         t0 = clock()
         samples = tuple(ingest.indication(sub_id, meid, payload, now) for sub_id, meid, payload in period)
         t1 = clock()
@@ -209,7 +215,7 @@ def run_row(n_sites: int, cells_per_node: int, periods: int, seed: int, store: X
         t2 = clock()
         leases = [a for a in actions if isinstance(a, GrantLease | RevokeLease)]
         for a in leases:
-            sink.perform(a, wall)
+            sink.perform(a)
         sink.end_of_tick()
         t3 = clock()
         sent = [a for a in actions if isinstance(a, SendControl)]
@@ -257,16 +263,17 @@ def _held_bytes(cfg: XappConfig, warmup) -> int:
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     state, ingest = loop_setup(cfg, decode_e2ap, {meid: sid for sid, meid, _ in warmup[0]})
-    sink = LedgerSink(cfg, XappStore(SDLWrapper(use_fake_sdl=True), "weaver-bench-scale-mem"))
+    loop_clock = {"now": 0.0}
+    sink = BrokerSide(cfg, XappStore(SDLWrapper(use_fake_sdl=True), "weaver-bench-scale-mem"), loop_clock)
     agents = frozenset(s.site_id for s in cfg.sites)
     results: tuple[ControlOutcome, ...] = ()
     for p, period in enumerate(warmup):
-        now = (p + 1) * PERIOD_MS / 1000.0
+        now = loop_clock["now"] = (p + 1) * PERIOD_MS / 1000.0
         samples = tuple(ingest.indication(sid, meid, payload, now) for sid, meid, payload in period)
         _, actions = step(state, now, Inputs(samples=samples, results=results, agents=agents))
         for a in actions:
             if isinstance(a, GrantLease | RevokeLease):
-                sink.perform(a, 1_800_000_000.0 + now)
+                sink.perform(a)
         sink.end_of_tick()
         results = tuple(ControlOutcome(control_id=a.control_id, ok=True) for a in actions if isinstance(a, SendControl))
     gc.collect()
