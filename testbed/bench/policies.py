@@ -147,12 +147,12 @@ def simulate(scenario: Scenario, seed: int, n_periods: int, cfg: XappConfig | No
     # Work and bytes still queued (MAC queues + the compute-aware stage's backlog) are in flight, not lost:
     # a DL SM*us of work becomes 1/200 SM-slots of demand, a UL one 2.5/1250 (its decode spread).
     cd, cu = model.cost.dl, model.cost.ul
-    in_flight_work = (sum(b.total / cd.budget_us for b in model.backlog_dl)
-                      + sum(b.total * 2.5 / cu.budget_us for b in model.backlog_ul)
+    in_flight_work = (float(model.deferred_dl.work.sum()) / cd.budget_us
+                      + float(model.deferred_ul.work.sum()) * 2.5 / cu.budget_us
                       + float(model.q_dl.sum()) * cd.work_per_byte / cd.budget_us
                       + float(model.q_ul.sum()) * cu.work_per_byte * 2.5 / cu.budget_us)
-    in_flight_bytes = float((model.q_dl + model.q_ul).sum()) + sum(
-        b.total / cd.work_per_byte for b in model.backlog_dl) + sum(b.total / cu.work_per_byte for b in model.backlog_ul)
+    in_flight_bytes = (float((model.q_dl + model.q_ul).sum()) + float(model.deferred_dl.work.sum()) / cd.work_per_byte
+                       + float(model.deferred_ul.work.sum()) / cu.work_per_byte)
     return RunRecord(demand=demand, period_max=pmax, envelopes=envs,
                      delay_hist=model.delay_hist.copy(), served_bytes=model.served_bytes.copy(),
                      demand_sum=demand_sum + in_flight_work, controls=live.tally.controls if cfg is not None else 0,

@@ -217,6 +217,30 @@ class FifoBacklog:
 
 
 @dataclass(frozen=True)
+class SiteBacklogs:
+    """Every site's `FifoBacklog` of one direction, packed for `edf.stage_sites_kernel`: site s's chunks are
+    rows `offsets[s]:offsets[s + 1]`, oldest first; `work` (S,) is what each site's chunks hold."""
+
+    slots: np.ndarray  # (K,) absolute arrival slot
+    amounts: np.ndarray  # (K, C) work units per cell
+    offsets: np.ndarray  # (S + 1,)
+    work: np.ndarray  # (S,)
+
+    @classmethod
+    def empty(cls, n_sites: int, n_cells: int) -> SiteBacklogs:
+        return cls(np.zeros(0, dtype=np.int64), np.zeros((0, n_cells)), np.zeros(n_sites + 1, dtype=np.int64),
+                   np.zeros(n_sites))
+
+    def has_work(self) -> np.ndarray:
+        """(S,) whether a site holds any chunk (a chunk is kept only while it holds work)."""
+        return np.diff(self.offsets) > 0
+
+    def site(self, s: int) -> FifoBacklog:
+        lo, hi = self.offsets[s], self.offsets[s + 1]
+        return FifoBacklog(self.slots[lo:hi].copy(), self.amounts[lo:hi].copy())
+
+
+@dataclass(frozen=True)
 class FifoResult:
     per_cell: np.ndarray  # (T, C) work served per cell per slot
     delay_slots: np.ndarray  # (T,) age (slots) of the oldest work leaving in each slot

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import SLOT_S, ModelConfigError, Scenario
-from .edf import stage_kernel
-from .mac import EdfInput, FifoBacklog, UeLimits, mac_delay_kernel, schedule_cells
+from .edf import stage_sites_kernel
+from .mac import FifoBacklog, SiteBacklogs, UeLimits, mac_delay_kernel, schedule_cells
 from .phy import PhyCost, ul_spill
 from .traffic import SyntheticTrace, TraceSource
 
@@ -169,8 +169,7 @@ class RanModel:
         self._period_envelope = np.full(S, np.inf)
         self.be_delay_budget_ms = np.array([s.slices[1].delay_budget_ms for s in scenario.sites])
         self.training_sms = np.zeros(S)
-        self.backlog_dl = [FifoBacklog.empty(C) for _ in range(S)]
-        self.backlog_ul = [FifoBacklog.empty(C) for _ in range(S)]
+        self.deferred_dl, self.deferred_ul = SiteBacklogs.empty(S, C), SiteBacklogs.empty(S, C)
         # Bytes-weighted delay histograms (slots): [stage mac|compute, slice]; conservation counters.
         self.delay_hist = np.zeros((2, 2, DELAY_BINS))
         self.offered_bytes = np.zeros((S, C, 2))
@@ -325,25 +324,16 @@ class RanModel:
             if dl.served_limited is not None or ul.served_limited is not None else None
         if self.track_delay:  # before the compute stage rewrites the best-effort rows
             self._add_mac_delays(arr, dl, ul, q0_dl, q0_ul)
-        added_max = np.zeros(S)
-        deferred = np.zeros(S)
+        added_max = deferred = np.zeros(S)
         # A period is simulated under the tightest envelope in force during it. The training SMs it is charged
         # with were measured over the same wall period, and an envelope loosens only after the training it gave
         # way to has stopped (its release): charged together with the looser envelope, the two would overlap in
         # the model where they followed each other in time. The looser envelope governs from the next period on.
         period_envelope, self._period_envelope = self._period_envelope, self.envelope.copy()
-        for s in range(S):
-            E = period_envelope[s]
-            if not np.isfinite(E) and not self.backlog_dl[s].total and not self.backlog_ul[s].total:
-                continue
-            d = self._compute_stage(s, start, E, nondef[:, s], lay,
-                                    kd * served_be_dl[:, s], ku * served_be_ul[:, s],
-                                    kd * dl.be_headroom[:, s], ku * ul.be_headroom[:, s])
-            demand[:, s], dl_cells, ul_cells, dly = d
-            served_be_dl[:, s] = dl_cells / kd
-            served_be_ul[:, s] = ul_cells / ku
-            added_max[s] = dly * SLOT_S * 1e3
-            deferred[s] = self.backlog_dl[s].total / kd + self.backlog_ul[s].total / ku
+        active = np.isfinite(period_envelope) | self.deferred_dl.has_work() | self.deferred_ul.has_work()
+        if active.any():
+            added_max, deferred = self._compute_stage(active, period_envelope, start, nondef, lay, demand,
+                                                      served_be_dl, served_be_ul, dl.be_headroom, ul.be_headroom)
         ones_t = lay.ones
         misses = (ones_t @ (demand > (self.gpu_sms - self.training_sms)[None] + 1e-9)).astype(np.int64)
 
@@ -405,23 +395,35 @@ class RanModel:
             mac_delay_kernel(x.reshape(L, T, -1), srv.reshape(L, T, -1), np.ascontiguousarray(q0).reshape(L, -1),
                              self.delay_hist[0])
 
-    def _compute_stage(self, s, start, E, nondef, lay: PeriodLayout, be_dl, be_ul, head_dl, head_ul):
-        """Shape site s's best-effort work under envelope E (`edf.stage_kernel`). Returns (demand (T,),
-        DL work per cell served (T,C), UL work per cell served (T,C), oldest added delay in slots)."""
+    @property
+    def backlog_dl(self) -> list[FifoBacklog]:
+        """Each site's deferred DL best-effort work in the compute-aware stage (a copy)."""
+        return [self.deferred_dl.site(s) for s in range(self.scenario.n_sites)]
+
+    @property
+    def backlog_ul(self) -> list[FifoBacklog]:
+        return [self.deferred_ul.site(s) for s in range(self.scenario.n_sites)]
+
+    def _compute_stage(self, active, E, start, nondef, lay: PeriodLayout, demand, be_dl, be_ul, head_dl, head_ul):
+        """Shape the `active` sites' best-effort work under their envelopes E (`edf.stage_sites_kernel`): writes
+        their `demand` (T, S) and best-effort bytes served per cell `be_*` (T, S, C) in place, replaces the
+        backlogs, and returns per site (oldest added delay in ms, bytes left deferred)."""
         cu, cd = self.cost.ul, self.cost.dl
-        T = len(nondef)
-        ul = EdfInput.build(self.backlog_ul[s], start, be_ul)
-        dl = EdfInput.build(self.backlog_dl[s], start, be_dl)
-        oldest = np.zeros((2, T), dtype=np.int64)
-        hist = np.zeros((2, DELAY_BINS))
-        demand = np.empty(T)
-        firsts = np.zeros(2, dtype=np.int64)
-        # Each cell carries at most its own PRB-MAC output plus its PRB headroom in a slot.
-        stage_kernel(float(E), nondef, lay.is_u[:, s], lay.is_dl[:, s], lay.ul_weight[:, s], cu.budget_us, cd.budget_us, start,
-                     ul.rows, ul.amounts, ul.n_backlog, be_ul + head_ul,
-                     dl.rows, dl.amounts, dl.n_backlog, be_dl + head_dl,
-                     ul.served, dl.served, oldest[0], oldest[1], hist[0], hist[1], demand, firsts)
-        self.backlog_ul[s] = ul.left(int(firsts[0]))
-        self.backlog_dl[s] = dl.left(int(firsts[1]))
-        self.delay_hist[1, 1] += hist[0] / cu.work_per_byte + hist[1] / cd.work_per_byte
-        return demand, dl.served, ul.served, int(oldest.max())
+        T, S = nondef.shape
+        n_act = int(active.sum())
+        bl_ul, bl_dl = self.deferred_ul, self.deferred_dl
+        out = []
+        for bl in (bl_ul, bl_dl):
+            rows = len(bl.slots) + n_act * T
+            out.append((np.empty(rows, dtype=np.int64), np.empty((rows, bl.amounts.shape[1])),
+                        np.zeros(S + 1, dtype=np.int64)))
+        added = np.zeros(S, dtype=np.int64)
+        left = np.zeros((2, S))
+        stage_sites_kernel(active, E, nondef, lay.is_u, lay.is_dl, lay.ul_weight, cu.budget_us, cd.budget_us,
+                           cu.work_per_byte, cd.work_per_byte, start,
+                           bl_ul.slots, bl_ul.amounts, bl_ul.offsets, bl_dl.slots, bl_dl.amounts, bl_dl.offsets,
+                           be_ul, be_dl, head_ul, head_dl, demand, added, *out[0], *out[1], left, self.delay_hist[1, 1])
+        (us, ua, uo), (ds, da, do) = out
+        self.deferred_ul = SiteBacklogs(us[:uo[-1]].copy(), ua[:uo[-1]].copy(), uo, left[0])
+        self.deferred_dl = SiteBacklogs(ds[:do[-1]].copy(), da[:do[-1]].copy(), do, left[1])
+        return added * SLOT_S * 1e3, left[1] / cd.work_per_byte + left[0] / cu.work_per_byte

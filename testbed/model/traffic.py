@@ -125,6 +125,10 @@ class SyntheticTrace:
         self.rngs = [np.random.default_rng(s) for s in root.spawn(scenario.n_sites)]
         self.markov = np.ones(scenario.n_sites, dtype=int)  # start in `normal`
         self._batch: _Batch | None = None
+        # The draws and the float64 staging buffer of a batch, kept for the next batch of the same shape:
+        # nothing handed out points into them, and fresh ones cost the kernel's page faults, about a
+        # third of a batch's time at a hundred sites.
+        self._scratch: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         # Per-site dwell (s) and per-cell mean bytes per slot at lambda = 1 (all slices), per direction.
         self.dwell_s = np.array([rng.uniform(60, 180) for rng in self.rngs])
         self.mean_dl = np.zeros((scenario.n_sites, scenario.n_cells))
@@ -188,7 +192,10 @@ class SyntheticTrace:
         # protected slice's exponential amount (-ln) and the radius of a Box-Muller normal for the
         # best-effort lognormal burst, whose angle takes one more uniform.
         # Time is the innermost axis of the draws, so per-cell factors broadcast along long rows.
-        u = np.empty((S, 6, P, C, T), dtype=np.float32)  # activity: prot dl, ul, be dl, ul; angle: be dl, ul
+        if (S, P, C, T) not in self._scratch:
+            self._scratch = {(S, P, C, T): (np.empty((S, 6, P, C, T), dtype=np.float32), np.empty((S, P, C, T)))}
+        # u: activity (prot dl, ul, be dl, ul) and angle (be dl, ul) draws; scaled: staging in float64
+        u, scaled = self._scratch[S, P, C, T]
         mcs_noise = np.empty((S, 2, P, n_blocks, C))
         layer_u = np.empty((S, 2, P, n_blocks, C))
         moves = np.empty((S, P, 2))
@@ -211,7 +218,6 @@ class SyntheticTrace:
         lam_spc = lam.T[:, :, None]
         p_act = np.clip(0.1 + self.p_slope[:, None, :] * lam_spc, 0.05, 0.9)  # (S, P, C)
         p_act32 = p_act[..., None].astype(np.float32)
-        scaled = np.empty((S, P, C, T))
         out = []
         for d, mean in enumerate((self.mean_dl, self.mean_ul)):
             m = mean[:, None, :] * lam_spc  # (S, P, C) bytes per slot, all slices

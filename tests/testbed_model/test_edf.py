@@ -96,17 +96,23 @@ def test_compiled_stage_equals_plain_python_over_a_busy_run(monkeypatch):
     from testbed import scenarios
     from testbed.model import ran
 
-    def run(kernel):
-        monkeypatch.setattr(ran, "stage_kernel", kernel)
+    def run(plain):
+        # plain: the per-site stage and its EDF service as plain Python too (the outer kernel's py_func reads them
+        # from edf's module globals at call time)
+        for name in ("stage_sites_kernel", "stage_kernel", "edf_serve_kernel"):
+            compiled = getattr(edf, name)
+            monkeypatch.setattr(edf, name, getattr(compiled, "py_func", compiled) if plain else compiled)
+        monkeypatch.setattr(ran, "stage_sites_kernel", edf.stage_sites_kernel)
         sc = scenarios.get("heavy-small-gpu")
         m = ran.RanModel(sc, seed=3, track_delay=False)
         for s in range(sc.n_sites):
             m.set_envelope(s, 0.55 * sc.sites[s].gpu_sms)
         reps = [m.step_period() for _ in range(6)]
+        monkeypatch.undo()
         return np.concatenate([r.demand for r in reps]), m.delay_hist.copy(), sum(b.total for b in m.backlog_dl + m.backlog_ul)
 
-    compiled = run(edf.stage_kernel)
-    plain = run(getattr(edf.stage_kernel, "py_func", edf.stage_kernel))
+    compiled = run(False)
+    plain = run(True)
     assert compiled[2] > 0, "the envelope never bound: the comparison would prove little"
     np.testing.assert_allclose(compiled[0], plain[0], rtol=1e-12)
     np.testing.assert_allclose(compiled[1], plain[1], rtol=1e-12)
@@ -122,8 +128,8 @@ def test_compile_kernels_covers_every_signature_a_live_simulation_uses(tmp_path)
 import numpy as np
 from testbed import scenarios
 from testbed.model import RanModel, compile_kernels, edf, mac, phy
-# (edf_serve_kernel is reached only inside stage_kernel, compiled with it)
-kernels = [edf.stage_kernel, mac.mac_kernel, mac.mac_delay_kernel, phy.ul_spill]
+# (stage_kernel and edf_serve_kernel are reached only inside stage_sites_kernel, compiled with it)
+kernels = [edf.stage_sites_kernel, mac.mac_kernel, mac.mac_delay_kernel, phy.ul_spill]
 if not all(hasattr(k, "signatures") for k in kernels):
     print("no numba"); raise SystemExit(0)
 sc = scenarios.get("demo")

@@ -225,14 +225,15 @@ def test_deferred_work_never_exceeds_a_cells_prbs_or_quota_when_it_catches_up(mo
     from testbed.model import ran
 
     seen = []
-    real = ran.stage_kernel
+    real = ran.stage_sites_kernel
 
     def checked(*args):
+        ul_wpb, dl_wpb, be_ul, be_dl, head_ul, head_dl = args[8], args[9], args[17], args[18], args[19], args[20]
+        lim_ul, lim_dl = ul_wpb * be_ul + ul_wpb * head_ul, dl_wpb * be_dl + dl_wpb * head_dl   # work units
         real(*args)
-        ul_limit, dl_limit, ul_served, dl_served = args[11], args[15], args[16], args[17]
-        seen.append(max(float((ul_served - ul_limit).max()), float((dl_served - dl_limit).max())))
+        seen.append(max(float((ul_wpb * be_ul - lim_ul).max()), float((dl_wpb * be_dl - lim_dl).max())))
 
-    monkeypatch.setattr(ran, "stage_kernel", checked)
+    monkeypatch.setattr(ran, "stage_sites_kernel", checked)
     sc = busy_scenario(n_sites=1, load=0.45)
     capped, free = RanModel(sc, seed=4), RanModel(sc, seed=4)
     for m in (capped, free):
