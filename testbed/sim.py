@@ -53,6 +53,9 @@ def ntp64(unix_s: float) -> int:
     return ((sec + NTP_UNIX_OFFSET) << 32) | int((unix_s - sec) * (1 << 32))
 
 
+SETUPS_AT_ONCE = 32   # E2 setups in flight while a simulation starts its nodes
+
+
 @dataclass(frozen=True)
 class SimConfig:
     n_sites: int = 2
@@ -122,7 +125,14 @@ class Simulation:
         try:
             for nc in node_configs(scenario, cfg.kpm_version, cfg.rc_table, cfg.node_overrides):
                 nodes.append(await NodeShell.open(nc, model, ric.e2term_address, cfg.host))
-            await asyncio.gather(*(n.setup() for n in nodes))
+            # a bounded number at a time: 1,000 nodes sending E2 setup (and resending it every 0.5 s) at once
+            # kept the E2 termination decoding resends, and nodes at the back of the queue timed out
+            gate = asyncio.Semaphore(SETUPS_AT_ONCE)
+
+            async def setup(n: NodeShell) -> None:
+                async with gate:
+                    await n.setup()
+            await asyncio.gather(*(setup(n) for n in nodes))
         except BaseException:
             for n in nodes:
                 await n.close()

@@ -54,11 +54,14 @@ from .routes import (
     RicRoutes,
     RouteTableError,
     e2term_route_table,
+    meid_map_update,
+    subscription_route_update,
 )
 
 log = logging.getLogger("weaver.ric.e2term")
 
 RIC_HEALTH_CHECK_REQ, RIC_HEALTH_CHECK_RESP = 100, 101
+OUTBOX_SPARE_PEERS = 256   # peers with sends queued beyond the nodes set up and the xApps (testbed.ric.outbox)
 
 KPM_OID_PREFIXES = kpm.KPM_OID_PREFIXES
 RC_OID = "1.3.6.1.4.1.53148.1.1.2.3"
@@ -102,7 +105,7 @@ class E2Termination:
         self._keepalive_task: asyncio.Task | None = None
         self._last_seen: dict[str, float] = {}
         self._addr_index: dict[str, str] | None = None
-        self.outbox = PeerOutbox()
+        self.outbox = PeerOutbox(max_peers=OUTBOX_SPARE_PEERS)
         self._claims: dict[str, asyncio.Task] = {}   # identity -> the check of its holder's liveness
         self._reload()
 
@@ -125,6 +128,31 @@ class E2Termination:
         if not self.ep.ready:
             raise RuntimeError(f"E2T route table did not commit: {notes}")
 
+    def _update(self, text: str) -> None:
+        """Apply route-manager records on top of the table (its per-change push); the whole table again
+        if they do not commit. A full table a change costs O(nodes + subscriptions) a change: at 1,000 nodes
+        their setups and subscriptions held this loop for seconds and the nodes' health checks went unanswered."""
+        for outcome in self.ep.router.apply_update(text):
+            if not outcome.committed:
+                log.warning("e2term: route update did not commit (%s): reloading the whole table", outcome.reason)
+                self._reload()
+                return
+        if self.ep.router.update_notes:
+            log.warning("e2term: route update: %s; reloading the whole table", "; ".join(self.ep.router.update_notes))
+            self._reload()
+
+    def _node_routes_changed(self, added: dict[str, str] | None = None, removed: tuple[str, ...] = ()) -> None:
+        self._addr_index = None  # node addresses may have changed
+        # room in the outbox for every node set up (and its xApps) on top of the bound for peers that only a
+        # frame's `src` names: at a fixed 256, 1,000 nodes' setup responses and health checks were dropped
+        # once 256 peers had something queued, and the nodes behind them were declared lost
+        self.outbox.max_peers = OUTBOX_SPARE_PEERS + len(self._node_addr) + len(self._xapps)
+        # the per-node routes (`%meid`) exist only in a table with nodes: the first and the last node reload it
+        if not self._node_addr or (added and len(self._node_addr) == len(added)):
+            self._reload()
+        else:
+            self._update(meid_map_update(added or {}, removed))
+
     def set_subscription_route(self, sub_id: int, xapp: str | None) -> None:
         """submgr's request to rtmgr: indications with `sub_id` go to `xapp` (None removes the route)."""
         if xapp is None:
@@ -132,7 +160,7 @@ class E2Termination:
                 return
         else:
             self._subs[sub_id] = xapp
-        self._reload()
+        self._update(subscription_route_update(sub_id, xapp))
 
     def add_xapp(self, endpoint: str) -> None:
         """Route ACK/FAILURE/error indications to `endpoint` too (a src that no table can name is ignored)."""
@@ -185,7 +213,7 @@ class E2Termination:
             return
         self._node_addr.pop(meid, None)
         self._last_seen.pop(meid, None)
-        self._reload()
+        self._node_routes_changed(removed=(meid,))
         self.rnib.node_disconnected(node)
         self.stats.nodes_lost += 1
         log.warning("e2term: lost %s (%s)", meid, why)
@@ -400,7 +428,7 @@ class E2Termination:
         self.nodes[name] = node
         self._node_addr[name] = msg.src
         self._seen(name)
-        self._reload()
+        self._node_routes_changed(added={name: msg.src})
         self.rnib.node_connected(node)
         self.stats.setups += 1
         acks = tuple(e2ap.E2NodeComponentAck(c.interface_type, c.component_id, True) for c in req.components)

@@ -104,6 +104,25 @@ def e2term_route_table(routes: RicRoutes) -> str:
     return "\n".join(lines) + "\n"
 
 
+def subscription_route_update(sub_id: int, xapp: str | None) -> str:
+    """The records that add (or, `xapp` None, remove) one subscription's routes on top of the table
+    `e2term_route_table` made: an `updatert` block, as a route manager's incremental push carries it, so a
+    subscription costs its own three routes and not a table of every node's and subscription's."""
+    if not 0 < sub_id < 65536:
+        raise RouteTableError(f"sub_id must be 1..65535, got {sub_id}")
+    mtypes = (RIC_INDICATION, *CONTROL_REPLIES)
+    recs = ([f"del|{m}|{sub_id}" for m in mtypes] if xapp is None
+            else [f"mse|{m}|{sub_id}|{_check_endpoint(xapp)}" for m in mtypes])
+    return "\n".join(["updatert|start", *recs, f"updatert|end|{len(recs)}"]) + "\n"
+
+
+def meid_map_update(added: Mapping[str, str] = {}, removed: tuple[str, ...] = ()) -> str:  # noqa: B006 - read only
+    """A meid map block that adds nodes (meid -> endpoint) and removes others on top of the map in force."""
+    recs = [f"mme_ar|{_check_endpoint(ep)}|{_check_meid(meid)}" for meid, ep in sorted(added.items())]
+    recs += [f"mme_del|{_check_meid(meid)}" for meid in removed]
+    return "\n".join(["meid_map|start", *recs, f"meid_map|end|{len(recs)}"]) + "\n"
+
+
 def node_route_table(e2term: str) -> str:
     """An E2 node's table: everything it sends goes to the E2 termination (our stand-in for SCTP)."""
     _check_endpoint(e2term)

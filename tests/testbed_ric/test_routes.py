@@ -73,3 +73,53 @@ def test_write_is_atomic_and_leaves_no_temp(tmp_path):
     p = write_route_table(tmp_path / "rt" / "xapp.rt", xapp_route_table("e2t:1"))
     assert p.read_text().startswith("newrt|start")
     assert [f.name for f in p.parent.iterdir()] == ["xapp.rt"]
+
+
+def test_incremental_updates_leave_the_table_a_full_render_makes():
+    """The E2 termination pushes one subscription's routes (updatert) and one node's meid (meid map block) a
+    change: after any sequence of them the router holds what the whole table of that state would give."""
+    import random
+
+    from testbed.ric.routes import meid_map_update, subscription_route_update
+
+    rng = random.Random(7)
+    base = RicRoutes(submgr="127.0.0.1:4561", xapps=("127.0.0.1:4560",), nodes={"n0": "127.0.0.1:40000"})
+    nodes, subs = dict(base.nodes), {}
+    r = _router(e2term_route_table(base))
+    for step in range(300):
+        what = rng.random()
+        if what < 0.4:
+            sid = rng.randrange(1, 60)
+            subs[sid] = rng.choice(("127.0.0.1:4560", "127.0.0.1:4570"))
+            outcomes = r.apply_update(subscription_route_update(sid, subs[sid]))
+        elif what < 0.6 and subs:
+            sid = rng.choice(sorted(subs))
+            del subs[sid]
+            outcomes = r.apply_update(subscription_route_update(sid, None))
+        elif what < 0.85:
+            meid = f"n{rng.randrange(1, 40)}"
+            nodes[meid] = f"127.0.0.1:{41000 + step}"
+            outcomes = r.apply_update(meid_map_update({meid: nodes[meid]}))
+        else:
+            gone = [m for m in nodes if m != "n0"]
+            if not gone:
+                continue
+            meid = rng.choice(sorted(gone))
+            del nodes[meid]
+            outcomes = r.apply_update(meid_map_update(removed=(meid,)))
+        assert all(o.committed for o in outcomes) and not r.update_notes, (outcomes, r.update_notes)
+        full = _router(e2term_route_table(RicRoutes(submgr=base.submgr, xapps=base.xapps, nodes=nodes,
+                                                    subscriptions=subs)))
+        assert dict(r.table.entries) == dict(full.table.entries), step
+        assert dict(r.meid_map) == dict(full.meid_map), step
+
+
+def test_a_bad_update_changes_nothing():
+    from testbed.ric.routes import meid_map_update, subscription_route_update
+
+    with pytest.raises(RouteTableError):
+        subscription_route_update(0, "127.0.0.1:4560")
+    with pytest.raises(RouteTableError):
+        subscription_route_update(5, "no-port")
+    with pytest.raises(RouteTableError):
+        meid_map_update({"has space": "127.0.0.1:1"})
