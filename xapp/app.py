@@ -97,6 +97,7 @@ RX_BATCH = 64              # RMR messages handled per event-loop turn: ticks, RE
 BAD_PER_SOURCE = 50        # undecodable frames per connection and second; past that its frames are dropped
 BAD_PER_WINDOW = 200       # past this many from all sources together, every source that sent one is dropped
 BAD_WINDOW_S = 1.0
+SUBSCRIBE_AT_ONCE = 16     # REST subscriptions in flight together (each waits for SubMgr's notification)
 
 
 @dataclass
@@ -233,6 +234,7 @@ class XappApp:
         self._bad_total = 0
         self._bad_window_end = -math.inf
         self._pending_subs: dict[int, tuple] = {}
+        self._xids_in_use: set[int] = set()     # the XappEventInstanceIds of subscriptions in flight
         self.last_kpm: dict[str, float] = {}
         self.resubscribe_after_s: float | None = None    # None: max(10 s, 50 periods)
         self._resubscribing: set[str] = set()
@@ -681,6 +683,7 @@ class XappApp:
                 nodes = {}
             # A node whose old subscription is still being deleted waits: an identical POST before the
             # DELETE is done would be merged by SubMgr into the one about to go.
+            jobs: list[tuple[E2Node, SubscriptionRecord | None]] = []
             for meid in sorted(wanted - set(self.subscriptions) - self._resubscribing):
                 node = nodes.get(meid)
                 st = self._status(meid)
@@ -697,13 +700,27 @@ class XappApp:
                 set_node(self.state, nc)
                 if st.state != "pending":
                     st.enter("resubscribing", self.wall())
-                await self._subscribe(node, by_meid.pop(meid, None))
+                jobs.append((node, by_meid.pop(meid, None)))
+            await self._subscribe_each(jobs)
             if wanted <= set(self.subscriptions):
                 return
             with contextlib.suppress(TimeoutError):     # a heal cuts the backoff short
                 await asyncio.wait_for(self._sub_wake.wait(), delay)
             delay = 0.2 if self._sub_wake.is_set() else min(delay * 2, 5.0)
             self._sub_wake.clear()
+
+    async def _subscribe_each(self, jobs: list[tuple[E2Node, SubscriptionRecord | None]]) -> None:
+        """Up to SUBSCRIBE_AT_ONCE subscriptions in flight (one at a time, a region's 1,000 nodes took minutes
+        to subscribe: each waits for SubMgr's notification); the first unexpected error is raised after all."""
+        gate = asyncio.Semaphore(SUBSCRIBE_AT_ONCE)
+
+        async def one(node: E2Node, old: SubscriptionRecord | None) -> None:
+            async with gate:
+                await self._subscribe(node, old)
+        results = await asyncio.gather(*(one(n, o) for n, o in jobs), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
 
     def _status(self, meid: str) -> SubscriptionStatus:
         return self.sub_status.setdefault(meid, SubscriptionStatus(meid=meid, since_unix=self.wall()))
@@ -793,6 +810,15 @@ class XappApp:
 
     async def _subscribe(self, node: E2Node, old: SubscriptionRecord | None) -> None:
         xid = sum(node.meid.encode()) % 60000 + 1
+        while xid in self._xids_in_use:       # subscriptions in flight together: an instance id each
+            xid = xid % 60000 + 1
+        self._xids_in_use.add(xid)
+        try:
+            await self._subscribe_as(node, old, xid)
+        finally:
+            self._xids_in_use.discard(xid)
+
+    async def _subscribe_as(self, node: E2Node, old: SubscriptionRecord | None, xid: int) -> None:
         try:
             spec, version, meas = self._spec(node, xid)
         except (SubmgrError, ValueError) as exc:       # unknown KPM OID, nothing to ask for, refused encode
