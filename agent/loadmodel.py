@@ -11,16 +11,21 @@ sessions and redirects each site saw. It never touches a GPU and imports no job 
 
     python -m agent.loadmodel --broker HOST:PORT[,HOST:PORT...] --sites site-0,site-1 --duration 10 --json F
 
-The broker secret (to make each site's credential, as `weaver-xapp site-token` would) is read from the
-environment variable `--secret-env` names; none: the broker's dev mode, no credential.
+Each site's credential comes from `--credentials FILE` (a JSON object site id -> token, as `weaver up
+--agents-model` writes it, mode 0600), or is made from the broker secret in the environment variable
+`--secret-env` names (as `weaver-xapp site-token` would); neither: the broker's dev mode, no credential.
+`--duration 0` runs until SIGTERM or SIGINT; either ends a run early, and the figures so far are printed.
 """
 from __future__ import annotations
 
 import argparse
 import heapq
 import json
+import math
 import os
+import signal
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,6 +36,9 @@ from agent.lease_client import Connected, Disconnected, LeaseClient, LeaseGrante
 from agent.monitors import DeviceFacts
 from schemas.credential import site_credential
 from schemas.proto.weaver.v1 import lease_pb2
+
+EVENTS_EVERY_S = 0.02    # how often every client's events are looked at (a lease's wait to be acted on)
+IDLE_LOOK_S = 0.5        # an agent with no lease looks again this late (or at its next event)
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,7 @@ class LoadConfig:
     step_b_s: float = 0.0002
     step_samples: int = 16           # samples between optimizer steps
     secret: str | None = None
+    credentials: dict[str, str] = field(default_factory=dict, hash=False, compare=False)  # site -> token
     start_spread_s: float = 2.0      # registrations spread over this long (a region's agents do not start at once)
 
 
@@ -65,7 +74,7 @@ class ModelAgent:
 
 
 def make_agent(cfg: LoadConfig, site_id: str) -> ModelAgent:
-    token = site_credential(cfg.secret, site_id) if cfg.secret else ""
+    token = cfg.credentials.get(site_id) or (site_credential(cfg.secret, site_id) if cfg.secret else "")
     client = LeaseClient(LeaseClientConfig(broker=cfg.brokers, site_id=site_id, agent_id=f"load-{site_id}",
                                            token=token, heartbeat_ms=1000),
                          DeviceFacts(kind="cuda", name="work model", sm_count=cfg.gpu_sms,
@@ -88,8 +97,10 @@ def _report(a: ModelAgent, now: float) -> None:
         a.reports += ok
 
 
-def _events(a: ModelAgent, now: float) -> None:
-    for ev in a.client.poll():
+def _events(a: ModelAgent, now: float) -> bool:
+    """The client's events since the last look; True if there were any (the agent is woken for them)."""
+    events = a.client.poll()
+    for ev in events:
         if isinstance(ev, Connected):
             a.connects += 1
         elif isinstance(ev, Disconnected):
@@ -107,6 +118,7 @@ def _events(a: ModelAgent, now: float) -> None:
             if held is not None and a.enforcer.on_revoke(now, ev.lease_id, in_flight_until=a.busy_until):
                 # as SiteAgent._release: the lease it held (and every earlier one) runs no more
                 a.client.send_release(held.lease_id, ev.reason, max(0.0, a.busy_until - now) * 1e3, held.sm_count)
+    return bool(events)
 
 
 def _advance(cfg: LoadConfig, a: ModelAgent, now: float) -> float:
@@ -131,34 +143,43 @@ def _advance(cfg: LoadConfig, a: ModelAgent, now: float) -> float:
         a.running, a.busy_until = ("step", 0, now), now + cfg.step_a_s
         return a.busy_until
     assert isinstance(d, Idle)
-    return now + 0.05 if d.until is None else max(now + 0.001, min(d.until, now + 0.05))
+    # nothing to do until a lease comes (an event wakes the agent then) or the window the enforcer names
+    return now + IDLE_LOOK_S if d.until is None else max(now + 0.001, min(d.until, now + 0.05))
 
 
-def run(cfg: LoadConfig, out=print) -> dict:
+def run(cfg: LoadConfig, out=print, stop: threading.Event | None = None) -> dict:
+    """Every site's agent for `cfg.duration_s` (0: until `stop` is set), then the figures."""
+    stop = stop or threading.Event()
     agents = [make_agent(cfg, s) for s in cfg.sites]
     clock = time.monotonic
     t0 = clock()
-    for a in agents:                          # spread the registrations
+    gap = cfg.start_spread_s / max(1, len(agents))
+    for a in agents:                          # spread the registrations (a stop cuts the spreading short)
         a.client.start()
-        gap = cfg.start_spread_s / max(1, len(agents))
-        if gap > 0:
-            time.sleep(gap)
+        if gap > 0 and not stop.is_set():
+            stop.wait(gap)
     out(f"weaver-load: started {len(agents)} agents in {clock() - t0:.1f} s", flush=True)
-    wake = [(clock(), i) for i in range(len(agents))]
+    wake_at = [clock()] * len(agents)          # each agent's next look; older heap entries are stale
+    wake = [(t, i) for i, t in enumerate(wake_at)]
     heapq.heapify(wake)
-    end = clock() + cfg.duration_s
+    end = clock() + cfg.duration_s if cfg.duration_s > 0 else math.inf
     last_events = 0.0
     cpu0 = time.process_time()
-    while clock() < end:
+    while clock() < end and not stop.is_set():
         now = clock()
-        if now - last_events >= 0.005:         # every client's events, each 5 ms
-            for a in agents:
-                _events(a, now)
+        if now - last_events >= EVENTS_EVERY_S:   # every client's events
+            for i, a in enumerate(agents):
+                if _events(a, now) and wake_at[i] > now:
+                    wake_at[i] = now
+                    heapq.heappush(wake, (now, i))
             last_events = now
         while wake and wake[0][0] <= now:
-            _, i = heapq.heappop(wake)
+            t, i = heapq.heappop(wake)
+            if t != wake_at[i]:
+                continue
             a = agents[i]
-            heapq.heappush(wake, (_advance(cfg, a, now), i))
+            wake_at[i] = _advance(cfg, a, now)
+            heapq.heappush(wake, (wake_at[i], i))
             _report(a, now)
         time.sleep(max(0.0, min(0.005, (wake[0][0] if wake else now + 0.005) - clock())))
     cpu = time.process_time() - cpu0
@@ -169,7 +190,7 @@ def run(cfg: LoadConfig, out=print) -> dict:
     def pct(q: float) -> float | None:
         return delivery[min(len(delivery) - 1, int(q * len(delivery)))] if delivery else None
 
-    return {"agents": len(agents), "duration_s": cfg.duration_s, "process_cpu_s": cpu,
+    return {"agents": len(agents), "duration_s": round(clock() - t0, 3), "process_cpu_s": cpu,
             "sites_connected": sum(a.connects > 0 for a in agents),
             "disconnects": sum(a.disconnects for a in agents), "redirects": sum(a.client.redirects for a in agents),
             "leases_received": sum(a.leases for a in agents), "revokes_received": sum(a.revokes for a in agents),
@@ -186,16 +207,37 @@ def main(argv: list[str] | None = None) -> int:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--sites", help="comma-separated site ids")
     g.add_argument("--count", type=int, help="site-0 .. site-(N-1)")
-    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--duration", type=float, default=10.0, help="seconds; 0 = until SIGTERM/SIGINT")
     p.add_argument("--secret-env", default="", help="env var holding the broker secret (site credentials)")
+    p.add_argument("--credentials", default="", metavar="FILE", help="JSON object: site id -> credential")
+    p.add_argument("--gpu-sms", type=int, default=132, help="every site's GPU, as its agent registers it")
+    p.add_argument("--granularity", type=int, default=8, help="every site's partition step, in SMs")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     sites = tuple(s for s in (args.sites or "").split(",") if s) or tuple(f"site-{i}" for i in range(args.count or 0))
-    if not sites or len(sites) > 5000 or args.duration <= 0:
-        print("weaver-load: need 1..5000 sites and a duration > 0", file=sys.stderr)
+    if not sites or len(sites) > 5000 or args.duration < 0:
+        print("weaver-load: need 1..5000 sites and a duration >= 0", file=sys.stderr)
+        return 2
+    if not (1 <= args.granularity <= args.gpu_sms <= 1024):
+        print("weaver-load: need 1 <= --granularity <= --gpu-sms <= 1024", file=sys.stderr)
         return 2
     secret = os.environ.get(args.secret_env) if args.secret_env else None
-    doc = run(LoadConfig(brokers=args.broker, sites=sites, duration_s=args.duration, secret=secret))
+    creds: dict[str, str] = {}
+    if args.credentials:
+        try:
+            with open(args.credentials) as f:
+                creds = json.load(f)
+        except (OSError, ValueError) as exc:
+            print(f"weaver-load: --credentials {args.credentials}: {exc}", file=sys.stderr)
+            return 2
+        if not isinstance(creds, dict) or not all(isinstance(v, str) for v in creds.values()):
+            print(f"weaver-load: --credentials {args.credentials}: not an object of site id -> token", file=sys.stderr)
+            return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    doc = run(LoadConfig(brokers=args.broker, sites=sites, duration_s=args.duration, secret=secret,
+                         credentials=creds, gpu_sms=args.gpu_sms, granularity=args.granularity), stop=stop)
     print(json.dumps(doc), flush=True)
     if args.json:
         with open(args.json, "w") as f:

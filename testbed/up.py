@@ -25,7 +25,8 @@ so an agent can register only as its site. Each agent dials the lease broker thr
 real processes and the real wire. Ctrl-C (or `--duration`) stops the xApp first (it revokes every lease),
 then the agents, all at once (each finishes its round and writes a checkpoint), then the Lighthouse, then
 the world, and leaves no process behind. `--json FILE` writes the run summary (measures named as in
-architecture.md), with the fault timeline.
+architecture.md), with the fault timeline. `--agents-model` runs the control plane with model agents instead
+(up to 1,000 sites; `testbed.upmodel`).
 """
 from __future__ import annotations
 
@@ -118,22 +119,22 @@ def xapp_names(sup) -> list[str]:
     return [c.name for c in sup.children if c.name == "xapp" or c.name.startswith("xapp:")]
 
 
-async def _replica_sites_docs(rests: list[str]) -> list:
+async def _replica_sites_docs(rests: list[str], timeout: float = 2.0) -> list:
     """GET /api/v1/sites of each replica, in order: its site views, or the exception of one that does not answer."""
     out: list = []
     for rest in rests:
         try:
-            out.append((await _get_json(f"{rest}/api/v1/sites"))["sites"])
+            out.append((await _get_json(f"{rest}/api/v1/sites", timeout))["sites"])
         except Exception as exc:  # noqa: BLE001 - a dead replica
             out.append(exc)
     return out
 
 
-async def xapp_sites(rests: list[str], strict: bool = False) -> dict:
+async def xapp_sites(rests: list[str], strict: bool = False, timeout: float = 2.0) -> dict:
     """site id -> the xApp's view of it, from the replica that controls it (`controlled`), else the first
     replica that answered; a replica that does not answer (killed) is skipped unless it is the only one."""
     views: dict = {}
-    docs = await _replica_sites_docs(rests)
+    docs = await _replica_sites_docs(rests, timeout)
     for doc in docs:
         for s in doc if isinstance(doc, list) else ():
             if s["site_id"] not in views or (s.get("controlled", True) and not views[s["site_id"]].get("controlled", True)):
@@ -184,8 +185,27 @@ def ledger_check(namespace: str, kills: list[dict] = ()) -> dict:
             "lease_epoch_overlaps": overlaps, "served_again_s": served}
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
+    """A port free now, below the kernel's ephemeral range: the run's E2 nodes (1,000 with --agents-model)
+    and clients bind port 0 after these are chosen and before the xApp binds them, and would take one."""
+    import random
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low) if low > 2048 else 0
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    with socket.socket() as s:     # a crowded range: any free one
         s.bind((host, 0))
         return s.getsockname()[1]
 
@@ -236,6 +256,10 @@ class UpConfig:
     slices: dict = field(default_factory=dict, hash=False, compare=False)
     node_overrides: dict = field(default_factory=dict, hash=False, compare=False)
     scenario_file: Path | None = None   # where those came from (named in the summary)
+    # --agents-model: every site's agent is the lease protocol with a work model (agent.loadmodel, many sites
+    # a process) in place of a training process, so that the control plane meets a region's sessions
+    # (testbed.upmodel); up to MAX_MODEL_SITES sites, and every named scenario
+    agents_model: bool = False
 
     @classmethod
     def for_scenario(cls, scenario: str = "demo", **kw) -> UpConfig:
@@ -247,14 +271,20 @@ class UpConfig:
         return cls(scenario=scenario, **kw)
 
     def __post_init__(self) -> None:
-        check_scenario(self.scenario)
+        check_scenario(self.scenario, self.agents_model)
         if self.scenario != "demo":
             own = named.get(self.scenario)
             if (self.sites, self.cells) != (own.n_sites, own.n_cells):
                 raise ValueError(f"--sites/--cells apply to --scenario demo only: {self.scenario} is "
                                  f"{own.n_sites} sites x {own.n_cells} cells")
-        if not 1 <= self.sites <= len(ARCHETYPES) * 4:
-            raise ValueError(f"--sites must be 1..{len(ARCHETYPES) * 4}, got {self.sites}")
+        most = MAX_MODEL_SITES if self.agents_model else MAX_SITES
+        if not 1 <= self.sites <= most:
+            more = "" if self.agents_model else f" (an agent process a site; --agents-model: up to {MAX_MODEL_SITES})"
+            raise ValueError(f"--sites must be 1..{most}{more}, got {self.sites}")
+        bad = [f.kind for f in self.faults if f.kind not in MODEL_FAULTS] if self.agents_model else []
+        if bad:
+            raise ValueError(f"--fault {bad[0]}: not available with --agents-model (the model agents have no "
+                             f"process or proxy of their own); these are: {', '.join(MODEL_FAULTS)}")
         if not 1 <= self.cells <= 16:
             raise ValueError(f"--cells must be 1..16, got {self.cells}")
         if not 1 <= self.xapp_replicas <= 16:
@@ -308,19 +338,25 @@ def agent_cores_for(sites: int, host_cores: int | None = None) -> float:
 
 
 MAX_SITES = len(ARCHETYPES) * 4   # one agent process per site, on this one host
+MAX_MODEL_SITES = 1000            # --agents-model: a region's sites, many model agents a process
+MODEL_FAULTS = ("ack-delay", "ack-loss", "ack-dup", "ack-reorder", "node-restart", "node-lost", "xapp-stall",
+                "replica-kill")
 
 
-def known_scenarios() -> tuple[str, ...]:
+def known_scenarios(agents_model: bool = False) -> tuple[str, ...]:
     """What `--scenario` takes: demo and every named scenario with at most MAX_SITES sites (`scale`'s 128
-    would be 128 agent processes on one host; `weaver bench policies` runs it without agents)."""
-    return ("demo", *(n for n in named.SCENARIOS if n != "demo" and named.get(n).n_sites <= MAX_SITES))
+    would be 128 agent processes on one host; `weaver bench policies` runs it without agents); with
+    --agents-model every named scenario."""
+    most = MAX_MODEL_SITES if agents_model else MAX_SITES
+    return ("demo", *(n for n in named.SCENARIOS if n != "demo" and named.get(n).n_sites <= most))
 
 
-def check_scenario(name: str) -> None:
-    if name in named.SCENARIOS and name not in known_scenarios():
+def check_scenario(name: str, agents_model: bool = False) -> None:
+    if name in named.SCENARIOS and name not in known_scenarios(agents_model):
         raise ValueError(f"scenario {name!r} has {named.get(name).n_sites} sites: weaver up runs one agent "
-                         f"process per site, at most {MAX_SITES}; known: {', '.join(known_scenarios())}")
-    named.check(name, known_scenarios())
+                         f"process per site, at most {MAX_SITES} (--agents-model: model agents, any named "
+                         f"scenario); known: {', '.join(known_scenarios())}")
+    named.check(name, known_scenarios(agents_model))
 
 
 # The kernel's granularity on a confined worker (agent.confine): CFS checks a tree's quota at the scheduler
@@ -425,6 +461,17 @@ def agent_pythonpath(cwd: str | None = None, pythonpath: str | None = None) -> s
     return os.pathsep.join(dict.fromkeys(parts))
 
 
+# The broker echoes every heartbeat (xapp.broker): two messages a session an interval, in pure-Python protobuf
+# (the xApp venv's protobuf 3.20 has no upb). 1,000 sessions at the descriptor's 1 s took most of a core of
+# the xApp before any lease was decided; the interval grows so that a replica sees 200 a second at most. It
+# bounds only how fast a dead agent is noticed: its lease ends at its hard end whatever the heartbeat.
+HEARTBEATS_PER_S = 200
+
+
+def heartbeat_ms_for(sessions: int) -> int:
+    return max(1000, math.ceil(sessions * 1000 / HEARTBEATS_PER_S))
+
+
 def site_name(i: int) -> str:
     return f"site-{i}"
 
@@ -469,6 +516,8 @@ def xapp_controls(cfg: UpConfig, sim, ports: dict[str, int], lighthouse_addr: st
     # the job every site trains: an agent that registers another one is refused (without --job, any: the
     # agents train the agent venv's default, which this venv cannot name without a copy of it)
     c["broker"]["job"] = cfg.agent_job
+    if cfg.agents_model:   # a region's sessions on one host: what an operator of that many sets (heartbeat_ms_for)
+        c["broker"]["heartbeat_ms"] = max(int(c["broker"]["heartbeat_ms"]), heartbeat_ms_for(cfg.sites))
     if lighthouse_addr:   # the coordinator role: the xApp hands these to every agent in the lease stream
         c["broker"].update(lighthouse_addr=lighthouse_addr, round_ms=cfg.round_ms, round_epoch_ms=round_epoch_ms)
     c["rest"]["port"] = ports["rest"]
@@ -781,6 +830,37 @@ class XappViews:
             self.failures.append(str(exc))
 
 
+
+async def start_xapps(cfg: UpConfig, sim, sup: Supervisor, run_dir: Path, replicas: list[dict[str, int]],
+                      sdl_env: dict[str, str], sdl_namespace: str, lighthouse: str = "", broker_secret: str = "",
+                      ready_s: float = 90.0) -> None:
+    """The xApp (and its replicas, `replicas[1:]`'s ports) as processes of `sup`, on this run's config file,
+    each waited for until it says it is ready. `broker_secret` goes into the xApp's environment only."""
+    config_path = run_dir / "config-file.json"
+    controls = xapp_controls(cfg, sim, replicas[0], lighthouse, int(time.time() * 1000))
+    token_env = controls["controls"]["broker"].get("token_env")
+    if sdl_namespace:
+        controls["controls"]["sdl"]["namespace"] = sdl_namespace
+    elif cfg.xapp_replicas > 1:
+        raise ChildFailed(f"--xapp-replicas {cfg.xapp_replicas} needs the RIC's SDL: no Redis answered on "
+                          f"{REDIS[0]}:{REDIS[1]} (the replicas keep their shards' claims there)")
+    if cfg.xapp_replicas > 1:
+        controls["controls"]["replicas"] = {"shards": SHARDS_PER_REPLICA * cfg.xapp_replicas}
+    config_path.write_text(json.dumps(controls, indent=2))
+    xenv = {"CONFIG_FILE": str(config_path), "RMR_SEED_RT": str(sim.ric.route_file), "RMR_RTG_SVC": "-1",
+            "RMR_SRC_ID": cfg.host, "RMR_BIND_IF": cfg.host, "PYTHONPATH": str(ROOT), **sdl_env,
+            "WEAVER_LOG_FORMAT": "plain"}    # RMR_* would pick the RIC's JSON lines; xapp_revokes reads plain ones
+    if token_env and broker_secret:
+        xenv[token_env] = broker_secret
+    sup.start("xapp", [sys.executable, "-m", "xapp", "--config", str(config_path),
+                        *(["--record", str(cfg.record)] if cfg.record else [])], env=xenv)
+    for r, rp in enumerate(replicas[1:], start=1):   # the same config; its own ports (xapp.app.env_overrides)
+        sup.start(f"xapp:{r}", [sys.executable, "-m", "xapp", "--config", str(config_path)],
+                  env={**xenv, "WEAVER_REST_PORT": str(rp["rest"]), "WEAVER_RMR_PORT": str(rp["rmr"]),
+                       "WEAVER_BROKER_LISTEN": f"{cfg.host}:{rp['broker']}"})
+    for name in xapp_names(sup):
+        await asyncio.to_thread(sup.get(name).wait_for_line, r"weaver-xapp: ready", ready_s)
+
 async def run_up(cfg: UpConfig, out=print) -> dict:
     from testbed.sim import SimConfig, Simulation
     from testbed.tcpproxy import TcpProxy
@@ -837,31 +917,10 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
                            env={"PYTHONPATH": str(ROOT), **({"WEAVER_TIER_SECRET": broker_secret} if gated else {})})
             m = await asyncio.to_thread(lh.wait_for_line, r"lighthouse (\w+://\S+)(?: inner (\S+))?", 60)
             lighthouse, lighthouse_inner = m.group(1), m.group(2) or ""
-        config_path = run_dir / "config-file.json"
-        controls = xapp_controls(cfg, sim, ports, lighthouse, int(time.time() * 1000))
         sdl_env, sdl_namespace = await asyncio.to_thread(run_sdl)
-        if sdl_namespace:
-            controls["controls"]["sdl"]["namespace"] = sdl_namespace
-        elif cfg.xapp_replicas > 1:
-            raise ChildFailed(f"--xapp-replicas {cfg.xapp_replicas} needs the RIC's SDL: no Redis answered on "
-                              f"{REDIS[0]}:{REDIS[1]} (the replicas keep their shards' claims there)")
-        if cfg.xapp_replicas > 1:
-            controls["controls"]["replicas"] = {"shards": SHARDS_PER_REPLICA * cfg.xapp_replicas}
-        config_path.write_text(json.dumps(controls, indent=2))
-        xenv = {"CONFIG_FILE": str(config_path), "RMR_SEED_RT": str(sim.ric.route_file), "RMR_RTG_SVC": "-1",
-                "RMR_SRC_ID": cfg.host, "RMR_BIND_IF": cfg.host, "PYTHONPATH": str(ROOT), **sdl_env,
-                "WEAVER_LOG_FORMAT": "plain"}    # RMR_* would pick the RIC's JSON lines; xapp_revokes reads plain ones
+        await start_xapps(cfg, sim, sup, run_dir, replicas, sdl_env, sdl_namespace,
+                          lighthouse=lighthouse, broker_secret=broker_secret)
         from xapp.agents import site_credential
-        if token_env:
-            xenv[token_env] = broker_secret
-        sup.start("xapp", [sys.executable, "-m", "xapp", "--config", str(config_path),
-                            *(["--record", str(cfg.record)] if cfg.record else [])], env=xenv)
-        for r, rp in enumerate(replicas[1:], start=1):   # the same config; its own ports (xapp.app.env_overrides)
-            sup.start(f"xapp:{r}", [sys.executable, "-m", "xapp", "--config", str(config_path)],
-                      env={**xenv, "WEAVER_REST_PORT": str(rp["rest"]), "WEAVER_RMR_PORT": str(rp["rmr"]),
-                           "WEAVER_BROKER_LISTEN": f"{cfg.host}:{rp['broker']}"})
-        for name in xapp_names(sup):
-            await asyncio.to_thread(sup.get(name).wait_for_line, r"weaver-xapp: ready", 90)
         world.startup["xapp_ready_s"] = round(time.monotonic() - t_start, 2)
         agents: list[AgentView] = []
         aenv = {"PYTHONPATH": agent_pythonpath(), **agent_env(cfg.faults)}
@@ -1401,6 +1460,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fault", action="append", default=[], metavar="KIND[:param=value,...]",
                         help="inject a fault (repeatable; kinds and params: testbed/faults.py), e.g. "
                              "ack-delay:ms=500,for=3  partition:site=0,for=4  xapp-kill  node-restart:site=1")
+    parser.add_argument("--agents-model", action="store_true",
+                        help="model agents in place of training processes (agent.loadmodel: each site's lease "
+                             f"protocol, a work model in place of torch), up to {MAX_MODEL_SITES} sites and any "
+                             "named scenario: the control plane at a region's scale (testbed.upmodel)")
     parser.add_argument("--fault-at", type=float, default=DEFAULT_AT_S, metavar="SECONDS",
                         help=f"start of every fault that names no at= (default {DEFAULT_AT_S:g} s into the run)")
 
@@ -1423,10 +1486,13 @@ def run(args) -> int:
                        cross_site=not args.no_cross_site, round_ms=args.round_ms, tier_host=args.tier_host,
                        faults=parse_faults(args.fault, args.fault_at), fault_at_s=args.fault_at,
                        record=Path(args.record).resolve() if args.record else None,
-                       xapp_replicas=args.xapp_replicas)
+                       xapp_replicas=args.xapp_replicas, agents_model=args.agents_model)
     except ValueError as exc:
         print(f"weaver up: {exc}", file=sys.stderr)
         return 2
+    if cfg.agents_model:
+        from testbed.upmodel import run_model
+        return run_model(cfg, args.json)
     try:
         summary = asyncio.run(run_up(cfg, out=lambda s: print(s, flush=True)))
     except ChildFailed as exc:
