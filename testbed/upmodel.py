@@ -365,7 +365,7 @@ def model_summary(cfg: UpConfig, world: World, views: dict, baseline: dict, docs
 
 def print_summary(s: dict, out=print) -> None:
     t, a, w = s["totals"], s["agents"], s["world"]
-    st = s["xapp_loop_steps"][0] if s["xapp_loop_steps"] else {}
+    st = next((x for x in s["xapp_loop_steps"] if x["steps"]), {})     # a killed replica has no metrics
     out(f"weaver up: done (agents model, {s['sites']} sites, {s['xapp_replicas']} xApp replica"
         f"{'s' if s['xapp_replicas'] > 1 else ''}) in {s['duration_s']:.0f}s - sessions connected "
         f"{a['sites_connected']}/{s['sites']} (all reporting {s['startup'].get('all_reporting_s', 0):.1f} s after start), "

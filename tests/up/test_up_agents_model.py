@@ -106,7 +106,8 @@ def test_model_agents_through_two_replicas_and_a_replica_kill(tmp_path, repo_roo
     for site in fault["sites"]:
         assert len(rep["epochs_by_site"][site]) >= 2, rep["epochs_by_site"]
         assert rep["served_again_s"][site] is not None and rep["served_again_s"][site] <= 15, rep["served_again_s"]
-    assert s["xapp_loop_steps"][0]["steps"] > 0
+    # the killed replica has no /metrics at the end: the survivor's loop stepped
+    assert sorted(st["steps"] > 0 for st in s["xapp_loop_steps"]) == [False, True], s["xapp_loop_steps"]
     assert "weaver up: done (agents model, 40 sites, 2 xApp replicas)" in proc.stdout
 
 
