@@ -21,11 +21,13 @@ are aligned unless the string is empty; NULL takes no bits, so a noValue leaves 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any
 
+import numpy as np
 from asn1tools.codecs import ber as _ber
 
-from e2sm import _asn1
+from e2sm import _asn1, _kpm_kernel
 from e2sm._fast import Invalid, Unsupported
 from e2sm.kpm import (
     IndicationMessageFormat1,
@@ -146,6 +148,35 @@ def _skip_pad(buf: bytes, pos: int) -> tuple[int, bool]:
 
 
 def _header(data: bytes, ts_octets: int) -> KpmIndicationHeader:
+    """The header, with the strings' parse remembered: a node sends the same strings in every indication
+    and only its TimeStamp octets change, which this reader takes as an opaque integer, so the parse (its
+    strings or its refusal) is a function of the other octets alone."""
+    if not 0 < len(data) <= _asn1.MAX_PAYLOAD:
+        raise Invalid("size")
+    end = 1 + ts_octets
+    if len(data) < end:         # too short for its TimeStamp: the key below would hold no trace of it
+        _header_strings(data, ts_octets)
+        raise Invalid("truncated")
+    key = (ts_octets, data[:1], data[end:])
+    strings = _HEADER_STRINGS.get(key)
+    if strings is None:
+        try:
+            strings = _header_strings(data, ts_octets)
+        except Unsupported as exc:
+            strings = exc
+        if len(_HEADER_STRINGS) >= _HEADER_STRINGS_MAX:
+            _HEADER_STRINGS.clear()
+        _HEADER_STRINGS[key] = strings
+    if isinstance(strings, Unsupported):
+        raise type(strings)(*strings.args)
+    return _header_value(int.from_bytes(data[1:end], "big"), strings)
+
+
+_HEADER_STRINGS: dict[tuple, tuple | Unsupported] = {}
+_HEADER_STRINGS_MAX = 16384   # entries: a node repeats ~10 (its strings, the TimeStamp fraction of each 100 ms period), a region 1,000 nodes; cleared when full
+
+
+def _header_strings(data: bytes, ts_octets: int) -> tuple:
     # Padding bits are read leniently here (asn1tools ignores their values, so the parse stays the
     # same) and only decide between a value and Unsupported at the end. That keeps Invalid available
     # for the common question "are these v3.00 bytes also a valid v2.03 header?", whose TimeStamp
@@ -196,6 +227,22 @@ def _header(data: bytes, ts_octets: int) -> KpmIndicationHeader:
         raise Invalid("trailing or missing bits")
     if dirty or pad:
         raise Unsupported("non-zero padding")
+    del collect                  # read only to walk the same octets as asn1tools; _header takes it again
+    return tuple(strings)
+
+
+_HEADER_FIELDS = ("collect_start_time", "file_format_version", "sender_name", "sender_type", "vendor_name")
+
+
+def _header_value(collect: int, strings: tuple) -> Any:
+    """Build the KpmIndicationHeader without re-running its checks: the reader has checked every string
+    (PrintableString, its size bound) and the TimeStamp is at most 8 octets. Falls back to the checked
+    constructor if the dataclass ever grows fields this reader does not fill."""
+    if _HEADER_UNCHECKED:
+        obj = object.__new__(KpmIndicationHeader)
+        for name, value in zip(_HEADER_FIELDS, (collect, *strings), strict=True):
+            object.__setattr__(obj, name, value)
+        return obj
     return KpmIndicationHeader(collect, *strings)
 
 
@@ -222,6 +269,26 @@ def _message(data: bytes) -> IndicationMessageFormat1:  # noqa: C901 - one pass 
     count = ((buf[1] << 8) | buf[2]) + 1               # MeasurementData SIZE(1..65535)
     if count > 65535:
         raise Invalid("MeasurementData size")
+    walked = _records_compiled(buf, nbits, count) if _kpm_kernel.walk_records is not None else None
+    records, incomplete, pos = walked if walked is not None else _records(buf, nbits, count)
+    # A node repeats the same measInfoList and granulPeriod in every indication: remember the decoded
+    # tail by its exact bytes (the MeasInfo objects are immutable, so sharing them is safe).
+    # The key holds the presence bits, the bit offset and every byte from the current one on.
+    key = (head & 0x0C, pos & 7, data[pos >> 3:])
+    cached = _TAILS.get(key)
+    if cached is not None:
+        meas_info, period = cached
+    else:
+        meas_info, period = _tail(buf, pos, nbits, has_info, has_period)
+        if len(key[2]) <= _TAIL_MAX_BYTES:
+            if len(_TAILS) >= _TAILS_MAX:
+                _TAILS.clear()
+            _TAILS[key] = (meas_info, period)
+    return _message_f1(tuple(records), meas_info, period, tuple(incomplete))
+
+
+def _records(buf: bytes, nbits: int, count: int) -> tuple[list, list, int]:  # noqa: C901 - one pass
+    """The MeasurementData items from bit 24 on: (records, indexes of incomplete ones, bit position after)."""
     pos = 24
     records = []
     incomplete = []
@@ -294,20 +361,46 @@ def _message(data: bytes) -> IndicationMessageFormat1:  # noqa: C901 - one pass 
             pos += 1
             incomplete.append(r)
         records.append(tuple(record))
-    # A node repeats the same measInfoList and granulPeriod in every indication: remember the decoded
-    # tail by its exact bytes (the MeasInfo objects are immutable, so sharing them is safe).
-    # The key holds the presence bits, the bit offset and every byte from the current one on.
-    key = (head & 0x0C, pos & 7, data[pos >> 3:])
-    cached = _TAILS.get(key)
-    if cached is not None:
-        meas_info, period = cached
-    else:
-        meas_info, period = _tail(buf, pos, nbits, has_info, has_period)
-        if len(key[2]) <= _TAIL_MAX_BYTES:
-            if len(_TAILS) >= _TAILS_MAX:
-                _TAILS.clear()
-            _TAILS[key] = (meas_info, period)
-    return _message_f1(tuple(records), meas_info, period, tuple(incomplete))
+    return records, incomplete, pos
+
+
+def _records_compiled(buf: bytes, nbits: int, count: int) -> tuple[list, list, int] | None:
+    """`_records` through the compiled kernel, or None where it does not take these bytes (then the
+    Python walk above reads them, and decides every error)."""
+    cap = nbits // 3 + 1                    # a noValue item is 3 bits: no message holds more items
+    scratch = _scratch(cap, count)
+    ints, reals, special, lens, incomplete, counts = scratch
+    pos = _kpm_kernel.walk_records(np.frombuffer(buf, np.uint8), nbits, count, *scratch)
+    if pos < 0:
+        return None
+    total, n_special, n_incomplete = counts.tolist()
+    values = ints[:total].tolist()
+    if n_special:                           # REALs and noValues (NaN) take their slots
+        where = special[:n_special]
+        for j, v in zip(where.tolist(), reals[where].tolist(), strict=True):
+            values[j] = None if v != v else v
+    records = []
+    start = 0
+    for n in lens[:count].tolist():
+        records.append(tuple(values[start:start + n]))
+        start += n
+    return records, incomplete[:n_incomplete].tolist(), pos
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(items: int, records: int) -> tuple:
+    """This thread's output arrays for the kernel, grown to fit (reused: allocating six arrays cost more
+    than the walk itself)."""
+    arrays = getattr(_SCRATCH, "arrays", None)
+    if arrays is None or arrays[0].shape[0] < items or arrays[3].shape[0] < records:
+        items = max(items, 4096)
+        records = max(records, 256)
+        arrays = (np.empty(items, np.int64), np.empty(items, np.float64), np.empty(items, np.int64),
+                  np.empty(records, np.int64), np.empty(records, np.int64), np.empty(3, np.int64))
+        _SCRATCH.arrays = arrays
+    return arrays
 
 
 _TAILS: dict[tuple, tuple] = {}
@@ -411,6 +504,7 @@ def _message_f1(records: tuple, meas_info: tuple | None, period: int | None, inc
 
 
 _F1_UNCHECKED = tuple(f.name for f in dataclasses.fields(IndicationMessageFormat1)) == _F1_FIELDS
+_HEADER_UNCHECKED = tuple(f.name for f in dataclasses.fields(KpmIndicationHeader)) == _HEADER_FIELDS
 
 
 # ---- writers -------------------------------------------------------------------------------------------

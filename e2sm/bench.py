@@ -2,7 +2,8 @@
 
 The message is what a DU sends each reporting period: a RICindication whose header is a KPM v3.00
 indication header format 1 and whose message is format 1 with 10 measurements x 10 records (integers,
-REAL throughputs, one missing value). Both paths run in this command, on one core, interleaved in rounds
+REAL throughputs, one missing value), and each operation takes in turn the 64 successive indications of one
+node (TimeStamps 100 ms apart, values moving), so a memo of one message's bytes earns nothing. Both paths run in this command, on one core, interleaved in rounds
 so that load from other processes hits both alike; each rate is the median over the rounds.
 
 - baseline: what e2-facts section 9 measured - pycrate E2AP-PDU `from_aper`/`to_aper` plus asn1tools APER
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from e2sm import _asn1, _fast_kpm, e2ap, kpm
+from e2sm import _asn1, _fast_kpm, _kpm_kernel, e2ap, kpm
 from e2sm.kpm import IndicationMessageFormat1, KpmIndicationHeader, KpmVersion, MeasInfo, MeasLabel, Snssai
 
 VERSION = KpmVersion.V3_00
@@ -46,51 +47,78 @@ class Indication:
     raw: bytes
 
 
-def realistic_indication() -> Indication:
-    """10 measurements x 10 records, as a srsRAN-like DU reports every 100 ms granularity period."""
+STREAM = 64     # distinct indications decoded in turn: one node's reports over 6.4 s
+
+
+def realistic_indication(period: int = 0) -> Indication:
+    """10 measurements x 10 records, as a srsRAN-like DU reports every 100 ms granularity period. `period`
+    moves the TimeStamp on by 100 ms a period (so its NTP fraction octets change) and shifts the values,
+    as one node's successive reports do; the strings and the measInfoList stay the node's own."""
     records = []
     for r in range(10):
         row: list[int | float | None] = []
         for m, name in enumerate(MEASUREMENTS):
             if name.startswith("DRB.UEThp"):
-                row.append(15360.5 + 1024.25 * r - 3.75 * m)            # kbit/s, REAL (exact in binary)
+                row.append(15360.5 + 1024.25 * r - 3.75 * m + 0.25 * period)   # kbit/s, REAL (exact in binary)
             elif name == "DRB.RlcSduDelayDl" and r == 7:
                 row.append(None)                                        # a period without a sample
             else:
-                row.append((r * 37 + m * 11) % 273 + (100000 if "Volume" in name else 0))
+                row.append((r * 37 + m * 11 + period) % 273 + (100000 if "Volume" in name else 0))
         records.append(tuple(row))
     meas_info = tuple(MeasInfo(n, (MeasLabel(Snssai(1, 1)),) if n.startswith("DRB") else (MeasLabel(),))
                       for n in MEASUREMENTS)
     message = IndicationMessageFormat1(tuple(records), meas_info, 100)
     ntp_2026 = (3_973_000_000 << 32) | 0x4000_0000
-    header = KpmIndicationHeader(ntp_2026, None, "gnb-sim-1", "gNB-DU", "weaver")
+    ntp = ntp_2026 + period * ((1 << 32) // 10)
+    header = KpmIndicationHeader(ntp, None, "gnb-sim-1", "gNB-DU", "weaver")
     ric = e2ap.RicIndication(e2ap.RicRequestId(1, 2), 2, 1, kpm.encode_indication_header(header, VERSION),
-                             kpm.encode_indication_message(message, VERSION), sn=4711)
+                             kpm.encode_indication_message(message, VERSION), sn=(4711 + period) % 65536)
     return Indication(ric, header, message, e2ap.encode_e2ap(ric))
 
 
+def realistic_stream(n: int = STREAM) -> list[Indication]:
+    return [realistic_indication(k) for k in range(n)]
+
+
+def _cycle(items: list) -> Callable[[], object]:
+    """A function that returns the next item each call, round the list."""
+    state = [0]
+    count = len(items)
+
+    def step() -> object:
+        k = state[0]
+        state[0] = k + 1 if k + 1 < count else 0
+        return items[k]
+    return step
+
+
 # ---- the two paths ------------------------------------------------------------------------------------
-def _baseline(ind: Indication) -> tuple[Callable[[], object], Callable[[], object], Callable[[], object]]:
+def _baseline(stream: list[Indication]) -> tuple[Callable[[], object], Callable[[], object], Callable[[], object]]:
     pdu = e2ap._PDU
     spec = _asn1.spec(VERSION.module)
-    header_value = spec.decode("E2SM-KPM-IndicationHeader", ind.ric.header, check_constraints=True)
-    message_value = spec.decode("E2SM-KPM-IndicationMessage", ind.ric.message, check_constraints=True)
-    with e2ap._LOCK:
-        pdu.from_aper(ind.raw)
-        pdu_value = pdu.get_val()
+    values = []
+    for ind in stream:
+        with e2ap._LOCK:
+            pdu.from_aper(ind.raw)
+            pdu_value = pdu.get_val()
+        values.append((spec.decode("E2SM-KPM-IndicationHeader", ind.ric.header, check_constraints=True),
+                       spec.decode("E2SM-KPM-IndicationMessage", ind.ric.message, check_constraints=True),
+                       pdu_value))
+    next_ind, next_message, next_values = _cycle(stream), _cycle(stream), _cycle(values)
 
     def decode_full() -> object:
         with e2ap._LOCK:
-            pdu.from_aper(ind.raw)
+            pdu.from_aper(next_ind().raw)
             ies = pdu.get_val()[1]["value"][1]["protocolIEs"]
         payload = {ie["id"]: ie["value"][1] for ie in ies}
         return (spec.decode("E2SM-KPM-IndicationHeader", payload[25], check_constraints=True),
                 spec.decode("E2SM-KPM-IndicationMessage", payload[26], check_constraints=True))
 
     def decode_message() -> object:
-        return spec.decode("E2SM-KPM-IndicationMessage", ind.ric.message, check_constraints=True)
+        return spec.decode("E2SM-KPM-IndicationMessage", next_message().ric.message, check_constraints=True)
 
     def encode_full() -> bytes:
+        header_value, message_value, pdu_value = next_values()
         spec.encode("E2SM-KPM-IndicationHeader", header_value, check_constraints=True)
         spec.encode("E2SM-KPM-IndicationMessage", message_value, check_constraints=True)
         with e2ap._LOCK:
@@ -100,16 +128,19 @@ def _baseline(ind: Indication) -> tuple[Callable[[], object], Callable[[], objec
     return decode_full, decode_message, encode_full
 
 
-def _weaver(ind: Indication) -> tuple[Callable[[], object], Callable[[], object], Callable[[], object]]:
+def _weaver(stream: list[Indication]) -> tuple[Callable[[], object], Callable[[], object], Callable[[], object]]:
+    next_ind, next_message, next_encode = _cycle(stream), _cycle(stream), _cycle(stream)
+
     def decode_full() -> object:
-        ric = e2ap.decode_e2ap(ind.raw)
+        ric = e2ap.decode_e2ap(next_ind().raw)
         return (ric, kpm.decode_indication_header(ric.header, VERSION),
                 kpm.decode_indication_message(ric.message, VERSION))
 
     def decode_message() -> object:
-        return kpm.decode_indication_message(ind.ric.message, VERSION)
+        return kpm.decode_indication_message(next_message().ric.message, VERSION)
 
     def encode_full() -> bytes:
+        ind = next_encode()
         header = kpm.encode_indication_header(ind.header, VERSION)
         message = kpm.encode_indication_message(ind.message, VERSION)
         return e2ap.encode_e2ap(e2ap.RicIndication(ind.ric.request_id, ind.ric.ran_function_id,
@@ -118,10 +149,11 @@ def _weaver(ind: Indication) -> tuple[Callable[[], object], Callable[[], object]
     return decode_full, decode_message, encode_full
 
 
-def _fast_readers(ind: Indication) -> tuple[Callable[[], object], Callable[[], object]]:
+def _fast_readers(stream: list[Indication]) -> tuple[Callable[[], object], Callable[[], object]]:
     """decode_e2ap + the e2sm._fast_kpm readers, falling back to kpm.decode_* on Unsupported: the path
     kpm.decode_indication_* take once they call the fast readers (docs/contracts.md)."""
     from e2sm._fast import Unsupported
+    next_ind, next_message = _cycle(stream), _cycle(stream)
 
     def header(data: bytes) -> object:
         try:
@@ -136,20 +168,23 @@ def _fast_readers(ind: Indication) -> tuple[Callable[[], object], Callable[[], o
             return kpm.decode_indication_message(data, VERSION)
 
     def decode_full() -> object:
-        ric = e2ap.decode_e2ap(ind.raw)
+        ric = e2ap.decode_e2ap(next_ind().raw)
         return ric, header(ric.header), message(ric.message)
 
-    return decode_full, lambda: message(ind.ric.message)
+    return decode_full, lambda: message(next_message().ric.message)
 
 
-def check_exact(ind: Indication) -> None:
-    """The Weaver path must give back exactly what was encoded (values and bytes), or the bench is void."""
-    for decode in (_weaver(ind)[0], _fast_readers(ind)[0]):
-        ric, header, message = decode()
-        if ric != ind.ric or header != ind.header or repr(message) != repr(ind.message):
-            raise SystemExit("bench codecs: the Weaver decode does not return the encoded values")
-    if _weaver(ind)[2]() != ind.raw:
-        raise SystemExit("bench codecs: the Weaver encode does not reproduce the bytes")
+def check_exact(stream: list[Indication]) -> None:
+    """The Weaver path must give back exactly what was encoded (values and bytes), or the bench is void.
+    Each function walks the stream in order, so one pass checks every indication."""
+    weaver, fast = _weaver(stream), _fast_readers(stream)
+    for ind in stream:
+        for decode in (weaver[0], fast[0]):
+            ric, header, message = decode()
+            if ric != ind.ric or header != ind.header or repr(message) != repr(ind.message):
+                raise SystemExit("bench codecs: the Weaver decode does not return the encoded values")
+        if weaver[2]() != ind.raw:
+            raise SystemExit("bench codecs: the Weaver encode does not reproduce the bytes")
 
 
 def kpm_fast_path_engaged(ind: Indication) -> bool:
@@ -212,11 +247,12 @@ def run(args: argparse.Namespace) -> int:
         print("bench codecs: --seconds must be positive", file=sys.stderr)
         return 2
     cpu = _pin_to_one_core()
-    ind = realistic_indication()
-    check_exact(ind)
-    base = _baseline(ind)
-    ours = _weaver(ind)
-    fast = _fast_readers(ind)
+    stream = realistic_stream()
+    ind = stream[0]
+    check_exact(stream)
+    base = _baseline(stream)
+    ours = _weaver(stream)
+    fast = _fast_readers(stream)
     engaged = kpm_fast_path_engaged(ind)
     pairs = {"decode_full_indication": (base[0], ours[0]), "decode_kpm_message": (base[1], ours[1]),
              "encode_full_indication": (base[2], ours[2])}
@@ -227,13 +263,16 @@ def run(args: argparse.Namespace) -> int:
 
     out: dict[str, object] = {
         "message": "RICindication + KPM v3.00 header F1 + message F1, 10 measurements x 10 records",
+        "distinct_indications_in_turn": len(stream),
+        "kpm_message_compiled_walk": _kpm_kernel.walk_records is not None,
         "full_indication_bytes": len(ind.raw), "kpm_message_bytes": len(ind.ric.message),
         "kpm_header_bytes": len(ind.ric.header), "exact": True,
         "kpm_fast_path_engaged": engaged, "rounds": ROUNDS, "seconds": args.seconds,
         "pinned_cpu": cpu, "python": platform.python_version(),
     }
     print(f"bench codecs: {out['message']} ({len(ind.raw)} B; KPM message {len(ind.ric.message)} B), "
-          f"one core (cpu {cpu}), median of {ROUNDS} interleaved rounds")
+          f"{len(stream)} successive indications in turn, one core (cpu {cpu}), median of {ROUNDS} interleaved rounds"
+          f"{'' if out['kpm_message_compiled_walk'] else ' (numba missing: the Python walk)'}")
     print(f"{'operation':<38}{'baseline/s':>11}{'weaver/s':>10}{'speedup':>9}{'baseline us':>13}{'weaver us':>11}")
     for name, (b, w) in results.items():
         speedup = b / w

@@ -27,7 +27,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from e2sm import E2DecodeError
+from e2sm import E2DecodeError, _kpm_kernel
 from e2sm.e2ap import RicIndication, decode_e2ap
 from e2sm.kpm import (
     IndicationMessageFormat1,
@@ -224,6 +224,7 @@ class Ingest:
     in `weaver bench xapp`)."""
 
     def __init__(self, decode=decode_e2ap) -> None:
+        _kpm_kernel.warm()      # compile the KPM records walk before the first indication, not on it
         self.decode = decode
         self.subs: dict[int, KpmSubscription] = {}
         self.errors: dict[str, int] = {}
