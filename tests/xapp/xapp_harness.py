@@ -49,14 +49,16 @@ class SimBed:
         self._task: asyncio.Task | None = None
 
     @classmethod
-    async def start(cls, tmp: Path, xapp_rmr: int, n_sites: int = 2, n_cells: int = 2) -> SimBed:
+    async def start(cls, tmp: Path, xapp_rmr: int, n_sites: int = 2, n_cells: int = 2,
+                    overrides: dict[int, dict] | None = None) -> SimBed:
         from ricxappframe.xapp_sdl import SDLWrapper
 
         # the standard text's dialect: the xApp's quota mode caps slices, which is what these tests check it does
         # (srsRAN's own DU would limit one UE's grants: testbed.e2node.dialects, tests/emulator/test_dialect_effects.py)
         sim = await Simulation.start(SimConfig(n_sites=n_sites, n_cells=n_cells, xapps=(f"127.0.0.1:{xapp_rmr}",),
                                                route_dir=str(tmp), speed=1.0,
-                                               node_overrides={i: {"dialect": "o-ran"} for i in range(n_sites)}),
+                                               node_overrides={i: {"dialect": "o-ran", **(overrides or {}).get(i, {})}
+                                                               for i in range(n_sites)}),
                                      sdl=SDLWrapper())
         tb = cls(sim)
         tb._task = asyncio.ensure_future(tb._run())
