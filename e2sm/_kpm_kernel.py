@@ -33,8 +33,8 @@ def _bits(buf, pos, n):
     return (w >> (24 - (pos & 7) - n)) & ((1 << n) - 1)
 
 
-def _real(buf, nbits, pos, reals, j):
-    """A REAL's length octet and contents at octet position pos into reals[j]: the binary base-2 form with
+def _real(buf, nbits, pos, reals, k):
+    """A REAL's length octet and contents at octet position pos into reals[k]: the binary base-2 form with
     a 1-octet exponent and a mantissa below 2**53 only. Returns the bit position after it, or -1."""
     i = pos >> 3
     size = np.int64(buf[i])
@@ -50,14 +50,14 @@ def _real(buf, nbits, pos, reals, j):
         m = (m << 8) | np.int64(buf[i + 3 + t])
     if m >> 53:
         return -1
-    reals[j] = np.float64(m) * (2.0 ** e)
+    reals[k] = np.float64(m) * (2.0 ** e)
     return pos + 8 + 8 * size
 
 
 def _walk(buf, nbits, count, ints, reals, special, lens, incomplete, counts):  # noqa: C901 - one pass over the PER fields
     """Walk `count` MeasurementDataItems from bit 24 of `buf` (which ends in 3 zero guard octets).
-    Every record item j gets ints[j]; a REAL also reals[j], a noValue reals[j] = NaN (a binary REAL is
-    never NaN), and both list j in `special`. lens[r] is record r's item count, `incomplete` lists the
+    Every integer item j is ints[j]; the k-th REAL or noValue is item special[k], its value reals[k] (NaN
+    for a noValue: a binary REAL is never NaN). lens[r] is record r's item count, `incomplete` lists the
     records with an incompleteFlag; counts = (items, specials, incompletes). Returns the bit position
     after the last item, or -1 for anything the kernel does not take."""
     cap = ints.shape[0]
@@ -113,7 +113,7 @@ def _walk(buf, nbits, count, ints, reals, special, lens, incomplete, counts):  #
                     pos += 8 + 8 * k
                     continue
                 if b == 0x20:                           # real: ext 0, index 01, 5 pad, then its length
-                    end = _real(buf, nbits, pos + 8, reals, j)
+                    end = _real(buf, nbits, pos + 8, reals, ns)
                     if end < 0:
                         return -1
                     special[ns] = j
@@ -122,7 +122,7 @@ def _walk(buf, nbits, count, ints, reals, special, lens, incomplete, counts):  #
                     pos = end
                     continue
                 if b >> 5 == 2:                         # noValue, octet-aligned
-                    reals[j] = np.nan
+                    reals[ns] = np.nan
                     special[ns] = j
                     ns += 1
                     j += 1
@@ -148,7 +148,7 @@ def _walk(buf, nbits, count, ints, reals, special, lens, incomplete, counts):  #
                 j += 1
                 pos += 8 * k
             elif choice == 2:
-                reals[j] = np.nan
+                reals[ns] = np.nan
                 special[ns] = j
                 ns += 1
                 j += 1
@@ -160,7 +160,7 @@ def _walk(buf, nbits, count, ints, reals, special, lens, incomplete, counts):  #
                     if buf[pos >> 3] & (0xFF >> rem):
                         return -1
                     pos += 8 - rem
-                end = _real(buf, nbits, pos, reals, j)
+                end = _real(buf, nbits, pos, reals, ns)
                 if end < 0:
                     return -1
                 special[ns] = j
