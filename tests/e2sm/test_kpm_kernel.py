@@ -130,3 +130,16 @@ def test_header_memo_repeats_a_refusal():
         with pytest.raises(Unsupported) as info:
             _fast_kpm.decode_indication_header(bytes(raw), v)
         assert type(info.value) is Unsupported
+
+
+@settings(max_examples=100, deadline=None)
+@given(msg=messages())
+def test_the_reader_without_numba_gives_the_same_values(msg):
+    """Where numba is absent (`walk_records` None) the Python walk alone reads every message."""
+    raw = kpm.encode_indication_message(msg, KpmVersion.V3_00)
+    with_kernel = repr(_fast_kpm.decode_indication_message(raw, KpmVersion.V3_00))
+    saved, _kpm_kernel.walk_records = _kpm_kernel.walk_records, None
+    try:
+        assert repr(_fast_kpm.decode_indication_message(raw, KpmVersion.V3_00)) == with_kernel
+    finally:
+        _kpm_kernel.walk_records = saved
