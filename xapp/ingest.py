@@ -144,18 +144,33 @@ def collection_seconds(stamp: int | None, version: KpmVersion) -> tuple[float | 
 
 
 def fold(records: tuple[tuple, ...], keys: tuple[str, ...]) -> dict[str, float]:
+    plan = _fold_plan(keys)
+    if len(records) == 1:       # one record (a DU's usual report): each fold is the value itself
+        # (0 + x as sum() computes it, which makes -0.0 into 0.0; max() keeps it)
+        return {key: (float(v) if how == _MAX else 0 + float(v))
+                for key, how, v in zip(keys, plan, records[0], strict=False) if v is not None}
     out: dict[str, float] = {}
-    for i, key in enumerate(keys):
+    for i, (key, how) in enumerate(zip(keys, plan, strict=True)):
         vals = [float(r[i]) for r in records if i < len(r) and r[i] is not None]
         if not vals:
             continue
-        if key.endswith(".Max") or ".Max@" in key:
+        if how == _MAX:
             out[key] = max(vals)
-        elif key.split("@")[0] in SUMMED:
+        elif how == _SUM:
             out[key] = sum(vals)
         else:
             out[key] = sum(vals) / len(vals)
     return out
+
+
+_MAX, _SUM, _MEAN = range(3)
+
+
+@functools.lru_cache(maxsize=1024)
+def _fold_plan(keys: tuple[str, ...]) -> tuple[int, ...]:
+    """How each key's records fold, once per measInfoList (the string tests cost more than the fold)."""
+    return tuple(_MAX if key.endswith(".Max") or ".Max@" in key else _SUM if key.split("@")[0] in SUMMED
+                 else _MEAN for key in keys)
 
 
 PLAIN, PERCENT, PRB, SM, MISS, OFFERED, DELAY, BACKLOG = range(8)

@@ -80,3 +80,25 @@ def test_fuzz_mutated_real_indications(pos, byte):
         ingest().indication(41, "gnb-a", bytes(good), 0)
     except IngestError:
         pass
+
+
+def _fold_by_definition(records, keys):
+    """The fold as docs/contracts.md states it: per key over its present values, max for *.Max, sum for
+    the summed counters, mean otherwise (Python's sum and max, so -0.0 folds as they fold it)."""
+    from xapp.ingest import SUMMED
+    out = {}
+    for i, key in enumerate(keys):
+        vals = [float(r[i]) for r in records if i < len(r) and r[i] is not None]
+        if vals:
+            out[key] = (max(vals) if key.endswith(".Max") or ".Max@" in key
+                        else sum(vals) if key.split("@")[0] in SUMMED else sum(vals) / len(vals))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.none() | st.integers(0, 1 << 32) | st.sampled_from([0.0, -0.0, 2.5, 1e300]),
+                         min_size=len(KEYS), max_size=len(KEYS)).map(tuple), min_size=1, max_size=4).map(tuple))
+def test_fold_paths_agree_with_the_definition(records):
+    from xapp.ingest import fold
+    got, want = fold(records, KEYS), _fold_by_definition(records, KEYS)
+    assert repr(got) == repr(want)
