@@ -153,8 +153,7 @@ def _header(data: bytes, ts_octets: int) -> KpmIndicationHeader:
     if not 0 < len(data) <= _asn1.MAX_PAYLOAD:
         raise Invalid("size")
     end = 1 + ts_octets
-    if len(data) < end:         # too short for its TimeStamp: the key below would hold no trace of it
-        _header_strings(data, ts_octets)
+    if len(data) < end:         # shorter than its fixed-size TimeStamp (and the key below would not show it)
         raise Invalid("truncated")
     key = (ts_octets, data[:1], data[end:])
     strings = _HEADER_STRINGS.get(key)

@@ -33,6 +33,24 @@ def _bits(buf, pos, n):
     return (w >> (24 - (pos & 7) - n)) & ((1 << n) - 1)
 
 
+def _align(buf, pos):
+    """The next octet boundary from pos, or -1 where the skipped padding bits are not zero."""
+    rem = pos & 7
+    if rem == 0:
+        return pos
+    if buf[pos >> 3] & (0xFF >> rem):
+        return -1
+    return pos + 8 - rem
+
+
+def _uint(buf, i, k):
+    """k (<= 7) octets from octet i, big-endian."""
+    v = np.int64(0)
+    for t in range(k):
+        v = (v << 8) | np.int64(buf[i + t])
+    return v
+
+
 def _real(buf, nbits, pos, reals, k):
     """A REAL's length octet and contents at octet position pos into reals[k]: the binary base-2 form with
     a 1-octet exponent and a mantissa below 2**53 only. Returns the bit position after it, or -1."""
@@ -45,9 +63,7 @@ def _real(buf, nbits, pos, reals, k):
     e = np.int64(buf[i + 2])
     if e & 0x80:
         e -= 256
-    m = np.int64(0)
-    for t in range(size - 2):
-        m = (m << 8) | np.int64(buf[i + 3 + t])
+    m = _uint(buf, i + 3, size - 2)
     if m >> 53:
         return -1
     reals[k] = np.float64(m) * (2.0 ** e)
@@ -66,85 +82,39 @@ def _walk(buf, nbits, count, ints, reals, special, lens, incomplete, counts):  #
     ns = 0
     ni = 0
     for r in range(count):
+        # MeasurementDataItem: ext bit, incompleteFlag presence bit, then the record's aligned length
+        flags = _bits(buf, pos, 2)
+        pos = _align(buf, pos + 2)
+        if pos < 0:
+            return -1
         i = pos >> 3
-        if pos & 7 == 0 and buf[i] & 0x3F == 0 and buf[i + 1] < 0x80:
-            flags = np.int64(buf[i]) >> 6
-            n = np.int64(buf[i + 1])
+        b = np.int64(buf[i])
+        if b < 0x80:
+            n = b
+            pos += 8
+        elif b < 0xC0:
+            n = ((b & 0x3F) << 8) | np.int64(buf[i + 1])
+            if n < 0x80:
+                return -1
             pos += 16
         else:
-            flags = _bits(buf, pos, 2)
-            pos += 2
-            rem = pos & 7
-            if rem:
-                if buf[pos >> 3] & (0xFF >> rem):
-                    return -1
-                pos += 8 - rem
-            i = pos >> 3
-            b = np.int64(buf[i])
-            if b < 0x80:
-                n = np.int64(b)
-                pos += 8
-            elif b < 0xC0:
-                n = (np.int64(b & 0x3F) << 8) | np.int64(buf[i + 1])
-                if n < 0x80:
-                    return -1
-                pos += 16
-            else:
-                return -1
+            return -1
         if flags & 2 or n == 0 or j + n > cap:
             return -1
         for _ in range(n):
             if pos + 3 > nbits:
                 return -1
-            if pos & 7 == 0:
-                i = pos >> 3
-                b = np.int64(buf[i])
-                if b < 0x20:                            # integer: ext 0, index 00, octet count - 1, 3 pad
-                    if b & 7:
-                        return -1
-                    k = (b >> 3) + 1
-                    if pos + 8 + 8 * k > nbits or (k > 1 and buf[i + 1] == 0):
-                        return -1
-                    v = np.int64(0)
-                    for t in range(k):
-                        v = (v << 8) | np.int64(buf[i + 1 + t])
-                    ints[j] = v
-                    j += 1
-                    pos += 8 + 8 * k
-                    continue
-                if b == 0x20:                           # real: ext 0, index 01, 5 pad, then its length
-                    end = _real(buf, nbits, pos + 8, reals, ns)
-                    if end < 0:
-                        return -1
-                    special[ns] = j
-                    ns += 1
-                    j += 1
-                    pos = end
-                    continue
-                if b >> 5 == 2:                         # noValue, octet-aligned
-                    reals[ns] = np.nan
-                    special[ns] = j
-                    ns += 1
-                    j += 1
-                    pos += 3
-                    continue
-                return -1
+            # one path for aligned and unaligned items: the Python walk's octet shortcuts gain nothing compiled
             choice = _bits(buf, pos, 3)
             if choice == 0:
                 k = _bits(buf, pos + 3, 2) + 1
-                pos += 5
-                rem = pos & 7
-                if rem:
-                    if buf[pos >> 3] & (0xFF >> rem):
-                        return -1
-                    pos += 8 - rem
+                pos = _align(buf, pos + 5)
+                if pos < 0:
+                    return -1
                 i = pos >> 3
                 if pos + 8 * k > nbits or (k > 1 and buf[i] == 0):
                     return -1
-                v = np.int64(0)
-                for t in range(k):
-                    v = (v << 8) | np.int64(buf[i + t])
-                ints[j] = v
+                ints[j] = _uint(buf, i, k)
                 j += 1
                 pos += 8 * k
             elif choice == 2:
@@ -154,12 +124,9 @@ def _walk(buf, nbits, count, ints, reals, special, lens, incomplete, counts):  #
                 j += 1
                 pos += 3
             elif choice == 1:
-                pos += 3
-                rem = pos & 7
-                if rem:
-                    if buf[pos >> 3] & (0xFF >> rem):
-                        return -1
-                    pos += 8 - rem
+                pos = _align(buf, pos + 3)
+                if pos < 0:
+                    return -1
                 end = _real(buf, nbits, pos, reals, ns)
                 if end < 0:
                     return -1
@@ -186,6 +153,8 @@ def _walk(buf, nbits, count, ints, reals, special, lens, incomplete, counts):  #
 
 if njit is not None:
     _bits = njit(cache=True, nogil=True)(_bits)
+    _align = njit(cache=True, nogil=True)(_align)
+    _uint = njit(cache=True, nogil=True)(_uint)
     _real = njit(cache=True, nogil=True)(_real)
     walk_records = njit(cache=True, nogil=True)(_walk)
 else:  # pragma: no cover

@@ -16,6 +16,7 @@ Before timing, the Weaver decode is checked to return exactly the values that we
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -82,14 +83,7 @@ def realistic_stream(n: int = STREAM) -> list[Indication]:
 
 def _cycle(items: list) -> Callable[[], object]:
     """A function that returns the next item each call, round the list."""
-    state = [0]
-    count = len(items)
-
-    def step() -> object:
-        k = state[0]
-        state[0] = k + 1 if k + 1 < count else 0
-        return items[k]
-    return step
+    return itertools.cycle(items).__next__
 
 
 # ---- the two paths ------------------------------------------------------------------------------------
