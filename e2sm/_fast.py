@@ -36,23 +36,25 @@ _CTRL_HEADER, _CTRL_MESSAGE, _CTRL_ACK = 22, 23, 21
 
 # RICindication IE ids (E2AP v2 section 9.1.1.7) and the ones that must be present.
 _REQUEST_ID, _FUNCTION_ID, _ACTION_ID, _SN, _TYPE, _HEADER, _MESSAGE, _CALL_PROCESS_ID = 29, 5, 15, 27, 28, 25, 26, 20
-_MANDATORY = frozenset((_REQUEST_ID, _FUNCTION_ID, _ACTION_ID, _TYPE, _HEADER, _MESSAGE))
+_MANDATORY_BITS = sum(1 << ie for ie in (_REQUEST_ID, _FUNCTION_ID, _ACTION_ID, _TYPE, _HEADER, _MESSAGE))
 
 
 @functools.cache
-def _fields_are(cls: type, names: tuple[str, ...]) -> bool:
-    return tuple(f.name for f in dataclasses.fields(cls)) == names
+def _plain_fields_are(cls: type, names: tuple[str, ...]) -> bool:
+    """Whether `cls`'s fields are `names`, in that order, kept in an instance __dict__ (no __slots__)."""
+    slotted = any("__slots__" in vars(k) for k in cls.__mro__[:-1])
+    return not slotted and tuple(f.name for f in dataclasses.fields(cls)) == names
 
 
 def build_unchecked(cls: type, names: tuple[str, ...], values: tuple) -> Any:
     """A frozen dataclass built without its __post_init__ checks, for a reader that has enforced the same
     constraints while parsing (re-checking them cost a third of a decode). Falls back to the checked
-    constructor if the class's fields are not `names`, in that order (a field added or renamed)."""
-    if not _fields_are(cls, names):
+    constructor if the class's fields are not `names`, in that order (a field added or renamed), or live
+    in slots. One dict update, not a frozen-safe object.__setattr__ a field (which cost more than the checks)."""
+    if not _plain_fields_are(cls, names):
         return cls(*values)
     obj = object.__new__(cls)
-    for name, value in zip(names, values, strict=True):
-        object.__setattr__(obj, name, value)
+    obj.__dict__.update(zip(names, values, strict=True))
     return obj
 
 
@@ -96,20 +98,36 @@ def _decode(data: bytes) -> RicIndication:  # noqa: C901 - one straight pass ove
     count = (data[i + 1] << 8) | data[i + 2]
     i += 3
     request_id = function_id = action_id = sn = ind_type = header = message = call_process_id = None
-    seen: set[int] = set()
+    size = len(data)
+    seen = 0                                   # a bit per IE id (all below 64)
     for _ in range(count):
         ie_id = (data[i] << 8) | data[i + 1]
-        crit = data[i + 2]
-        if crit not in (0x00, 0x40, 0x80):     # reject / ignore / notify, padding bits zero
+        if ie_id >= 64 or seen >> ie_id & 1:
+            raise Unsupported(f"IE {ie_id} unknown or repeated")
+        seen |= 1 << ie_id
+        if data[i + 2] not in (0x00, 0x40, 0x80):     # criticality reject / ignore / notify, padding bits zero
             raise Unsupported("IE criticality")
-        n, j = _length(data, i + 3)
+        n = data[i + 3]                            # the open type's length: one octet below 128 (inline)
+        j = i + 4
+        if n >= 0x80:
+            n, j = _length(data, i + 3)
         end = j + n
-        if end > len(data):
+        if end > size:
             raise Unsupported("IE runs past the PDU")
-        if ie_id in seen:
-            raise Unsupported("repeated IE")
-        seen.add(ie_id)
-        if ie_id == _REQUEST_ID:
+        if ie_id == _HEADER or ie_id == _MESSAGE or ie_id == _CALL_PROCESS_ID:
+            octets = data[j]
+            k = j + 1
+            if octets >= 0x80:
+                octets, k = _length(data, j)
+            if k + octets != end:
+                raise Unsupported("OCTET STRING does not fill its IE")
+            if ie_id == _HEADER:
+                header = data[k:end]
+            elif ie_id == _MESSAGE:
+                message = data[k:end]
+            else:
+                call_process_id = data[k:end]
+        elif ie_id == _REQUEST_ID:
             # RICrequestID SEQUENCE {ricRequestorID 0..65535, ricInstanceID 0..65535, ...}
             if n != 5 or data[j] != 0x00:
                 raise Unsupported("RICrequestID shape")
@@ -134,21 +152,10 @@ def _decode(data: bytes) -> RicIndication:  # noqa: C901 - one straight pass ove
             if n != 1 or data[j] not in (0x00, 0x40):
                 raise Unsupported("RICindicationType shape")
             ind_type = "report" if data[j] == 0x00 else "insert"
-        elif ie_id in (_HEADER, _MESSAGE, _CALL_PROCESS_ID):
-            size, k = _length(data, j)
-            if k + size != end:
-                raise Unsupported("OCTET STRING does not fill its IE")
-            value = data[k:end]
-            if ie_id == _HEADER:
-                header = value
-            elif ie_id == _MESSAGE:
-                message = value
-            else:
-                call_process_id = value
         else:
             raise Unsupported(f"IE {ie_id}")
         i = end
-    if i != len(data) or not _MANDATORY <= seen:
+    if i != size or seen & _MANDATORY_BITS != _MANDATORY_BITS:
         raise Unsupported("trailing bytes or a mandatory IE missing")
     # every field's constraint was met above: two-octet ids, RANfunctionID <= 4095, one-octet action id,
     # a known type, bytes for the octet strings

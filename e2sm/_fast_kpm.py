@@ -38,7 +38,7 @@ from e2sm.kpm import (
 )
 
 __all__ = ["Invalid", "Unsupported", "decode_indication_header", "decode_indication_message",
-           "encode_indication_header", "encode_indication_message"]
+           "encode_indication_header", "encode_indication_message", "reads_as_v2_header"]
 
 _PRINTABLE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 '()+,-./:=?")
 _NO_LABEL = MeasLabel()
@@ -147,14 +147,22 @@ def _skip_pad(buf: bytes, pos: int) -> tuple[int, bool]:
 
 
 def _header(data: bytes, ts_octets: int) -> KpmIndicationHeader:
-    """The header, with the strings' parse remembered: a node sends the same strings in every indication
-    and only its TimeStamp octets change, which this reader takes as an opaque integer, so the parse (its
-    strings or its refusal) is a function of the other octets alone."""
+    """The header, with the strings' parse remembered (`_strings`)."""
+    strings = _strings(data, ts_octets)
+    if isinstance(strings, Unsupported):
+        raise type(strings)(*strings.args)
+    return _header_value(int.from_bytes(data[1:1 + ts_octets], "big"), strings)
+
+
+def _strings(data: bytes, ts_octets: int) -> tuple | Unsupported:
+    """The header's strings, or the refusal as a value (raising it costs more than the lookup). A node sends
+    the same strings in every indication and only its TimeStamp octets change, which this reader takes as an
+    opaque integer, so the parse (its strings or its refusal) is a function of the other octets alone."""
     if not 0 < len(data) <= _asn1.MAX_PAYLOAD:
-        raise Invalid("size")
+        return Invalid("size")
     end = 1 + ts_octets
     if len(data) < end:         # shorter than its fixed-size TimeStamp (and the key below would not show it)
-        raise Invalid("truncated")
+        return Invalid("truncated")
     key = (ts_octets, data[:1], data[end:])
     strings = _HEADER_STRINGS.get(key)
     if strings is None:
@@ -162,12 +170,24 @@ def _header(data: bytes, ts_octets: int) -> KpmIndicationHeader:
             strings = _header_strings(data, ts_octets)
         except Unsupported as exc:
             strings = exc
+        except IndexError:
+            strings = Invalid("truncated")
+        except (ValueError, OverflowError):
+            strings = Unsupported("shape")
         if len(_HEADER_STRINGS) >= _HEADER_STRINGS_MAX:
             _HEADER_STRINGS.clear()
         _HEADER_STRINGS[key] = strings
-    if isinstance(strings, Unsupported):
-        raise type(strings)(*strings.args)
-    return _header_value(int.from_bytes(data[1:end], "big"), strings)
+    return strings
+
+
+def reads_as_v2_header(data: bytes) -> bool | None:
+    """Whether these bytes are also a v2.03 header: True (this reader returns one; every 4-octet TimeStamp
+    is plausible), False (Invalid: the reference refuses them too), None (Unsupported: ask the reference).
+    The question `e2sm.kpm` asks of every v3.00 header, answered without raising."""
+    strings = _strings(_as_bytes(data), 4)
+    if isinstance(strings, Invalid):
+        return False
+    return None if isinstance(strings, Unsupported) else True
 
 
 _HEADER_STRINGS: dict[tuple, tuple | Unsupported] = {}

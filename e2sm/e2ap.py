@@ -1008,12 +1008,11 @@ def encode_e2ap(msg: E2apMessage) -> bytes:
     RICindications and RICcontrolRequests are written by `e2sm._fast` (the bytes pycrate writes, without
     pycrate) unless a field needs length fragments (>= 16 kB)."""
     if type(msg) in (RicIndication, RicControlRequest):
-        from e2sm import _fast  # local import: _fast builds this module's dataclasses
-
-        write = _fast.encode_ric_indication if type(msg) is RicIndication else _fast.encode_control_request
+        fast = _fast_codec()
+        write = fast.encode_ric_indication if type(msg) is RicIndication else fast.encode_control_request
         try:
             return write(msg)
-        except _fast.Unsupported:
+        except fast.Unsupported:
             pass
     return _aper_encode(_to_value(msg))
 
@@ -1043,13 +1042,25 @@ def decode_e2ap(data: bytes) -> E2apMessage:
     if isinstance(data, bytearray | memoryview):
         data = bytes(data)
     if isinstance(data, bytes) and data[:2] == b"\x00\x05" and len(data) <= MAX_PDU_BYTES:
-        from e2sm import _fast  # local import: _fast builds this module's dataclasses
-
+        fast = _fast_codec()
         try:
-            return _fast.decode_ric_indication(data)
-        except _fast.Unsupported:
+            return fast.decode_ric_indication(data)
+        except fast.Unsupported:
             pass
     return decode_e2ap_reference(data)
+
+
+_FAST: Any = None
+
+
+def _fast_codec() -> Any:
+    """`e2sm._fast`, imported on first use (it builds this module's dataclasses); a local import on every
+    indication cost a tenth of its decode."""
+    global _FAST
+    if _FAST is None:
+        from e2sm import _fast
+        _FAST = _fast
+    return _FAST
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from e2sm import _asn1
+from e2sm._fast import Unsupported
 from e2sm.common import NrCgi, UeId, check_ue_id, ue_id_from_asn1
 from e2sm.errors import E2DecodeError, E2EncodeError
 
@@ -740,6 +741,20 @@ def plausible_timestamp(value: int, version: KpmVersion) -> bool:
     return value >> 32 >= _NTP_2000 or any(lo <= value < hi for lo, hi in _TS64_WINDOWS)
 
 
+_FAST_KPM: Any = None
+
+
+def _readers() -> Any:
+    """`e2sm._fast_kpm`, imported on first use: it builds this module's dataclasses, and it loads numba,
+    which a process that never decodes a KPM message should not pay for. Called through the module each
+    time, so tests can swap its readers. (A local import on every decode cost a tenth of a header's.)"""
+    global _FAST_KPM
+    if _FAST_KPM is None:
+        from e2sm import _fast_kpm
+        _FAST_KPM = _fast_kpm
+    return _FAST_KPM
+
+
 def encode_indication_header(obj: KpmIndicationHeader, version: KpmVersion) -> bytes:
     _expect(obj, KpmIndicationHeader, version, "E2SM-KPM-IndicationHeader")
     n = version.timestamp_octets
@@ -749,11 +764,8 @@ def encode_indication_header(obj: KpmIndicationHeader, version: KpmVersion) -> b
             " (64-bit NTP, or Unix s/ms/us/ns)",
             "E2SM-KPM-IndicationHeader",
         )
-    from e2sm import _fast_kpm
-    from e2sm._fast import Unsupported
-
     try:
-        return _fast_kpm.encode_indication_header(obj, version)  # asn1tools' exact bytes, for validated values
+        return _readers().encode_indication_header(obj, version)  # asn1tools' exact bytes, for validated values
     except Unsupported:
         pass
     body: dict[str, Any] = {"colletStartTime": obj.collect_start_time.to_bytes(n, "big")}
@@ -782,15 +794,12 @@ def decode_indication_header(data: bytes, version: KpmVersion) -> KpmIndicationH
 
 
 def _also_a_v2_header(data: bytes) -> bool:
-    from e2sm import _fast_kpm
-    from e2sm._fast import Invalid, Unsupported
-
     try:
-        _fast_kpm.decode_indication_header(data, KpmVersion.V2_03)
-    except Invalid:  # the fast reader is sure the reference refuses these bytes too: skip that decode
-        return False
-    except Unsupported:
-        pass
+        verdict = _readers().reads_as_v2_header(data)
+    except Unsupported:         # not bytes: the reference names the type
+        verdict = None
+    if verdict is not None:
+        return verdict
     try:
         _decode_header(data, KpmVersion.V2_03)
     except E2DecodeError:
@@ -799,11 +808,8 @@ def _also_a_v2_header(data: bytes) -> bool:
 
 
 def _decode_header(data: bytes, version: KpmVersion) -> KpmIndicationHeader:
-    from e2sm import _fast_kpm  # inside: _fast_kpm imports this module; tests swap the attribute
-    from e2sm._fast import Unsupported
-
     try:
-        header = _fast_kpm.decode_indication_header(data, version)
+        header = _readers().decode_indication_header(data, version)
     except Unsupported:
         header = _decode_header_reference(data, version, _mismatch_hint(version))
     # Plausibility, on the typed value so that both paths apply it. (Strings are PrintableString on
@@ -1032,11 +1038,8 @@ def encode_indication_message(obj: KpmIndicationMessage, version: KpmVersion) ->
     if name is None:
         raise E2EncodeError(f"not a KPM indication message: {obj!r}", "E2SM-KPM-IndicationMessage")
     _check_finite_reals(obj)
-    from e2sm import _fast_kpm
-    from e2sm._fast import Unsupported
-
     try:
-        return _fast_kpm.encode_indication_message(obj, version)  # asn1tools' exact bytes, for validated values
+        return _readers().encode_indication_message(obj, version)  # asn1tools' exact bytes, for validated values
     except Unsupported:
         pass
     value = {"indicationMessage-formats": (name, obj.to_asn1())}
@@ -1044,11 +1047,8 @@ def encode_indication_message(obj: KpmIndicationMessage, version: KpmVersion) ->
 
 
 def decode_indication_message(data: bytes, version: KpmVersion) -> KpmIndicationMessage:
-    from e2sm import _fast_kpm  # inside: _fast_kpm imports this module; tests swap the attribute
-    from e2sm._fast import Unsupported
-
     try:
-        return _fast_kpm.decode_indication_message(data, version)
+        return _readers().decode_indication_message(data, version)
     except Unsupported:
         pass  # any shape the fast reader does not handle: the asn1tools reference decides
     v = _asn1.decode(version.module, "E2SM-KPM-IndicationMessage", data)

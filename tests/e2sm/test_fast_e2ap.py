@@ -7,6 +7,7 @@ mutated bytes.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -161,3 +162,28 @@ def test_mutated_bytes_agree_with_the_reference(vectors_dir):
         verdicts[_check_same(bytes(raw))] += 1
     # bit flips inside the opaque header/message bytes keep the PDU valid: both outcomes must occur
     assert verdicts["accepted"] > 0 and verdicts["declined"] > 0
+
+
+def test_unchecked_build_equals_the_checked_one_and_falls_back_when_it_cannot():
+    values = (RicRequestId(7, 9), 3, 1, b"h", b"m", 5, "report", None)
+    built = _fast.build_unchecked(RicIndication, _fast._INDICATION_FIELDS, values)
+    assert type(built) is RicIndication
+    assert built == RicIndication(*values) and hash(built) == hash(RicIndication(*values))
+    assert repr(built) == repr(RicIndication(*values))
+    with pytest.raises(AttributeError):          # still frozen
+        built.sn = 6
+    # names that are not the class's fields, or a slotted class: the checked constructor runs (and checks)
+    with pytest.raises((ValueError, TypeError)):
+        _fast.build_unchecked(RicRequestId, ("instance", "requestor"), (70000, 1))
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Slotted:
+        a: int
+
+        def __post_init__(self) -> None:
+            if self.a < 0:
+                raise ValueError("negative")
+
+    assert _fast.build_unchecked(Slotted, ("a",), (1,)) == Slotted(1)
+    with pytest.raises(ValueError):
+        _fast.build_unchecked(Slotted, ("a",), (-1,))
