@@ -46,13 +46,18 @@ def _plain_fields_are(cls: type, names: tuple[str, ...]) -> bool:
     return not slotted and tuple(f.name for f in dataclasses.fields(cls)) == names
 
 
+_PLAIN: dict[type, tuple[str, ...]] = {}    # classes checked by _plain_fields_are, with their names
+
+
 def build_unchecked(cls: type, names: tuple[str, ...], values: tuple) -> Any:
     """A frozen dataclass built without its __post_init__ checks, for a reader that has enforced the same
     constraints while parsing (re-checking them cost a third of a decode). Falls back to the checked
     constructor if the class's fields are not `names`, in that order (a field added or renamed), or live
     in slots. One dict update, not a frozen-safe object.__setattr__ a field (which cost more than the checks)."""
-    if not _plain_fields_are(cls, names):
-        return cls(*values)
+    if _PLAIN.get(cls) is not names:          # the cached check hashes (cls, names) on each call: once
+        if not _plain_fields_are(cls, names):
+            return cls(*values)
+        _PLAIN[cls] = names
     obj = object.__new__(cls)
     obj.__dict__.update(zip(names, values, strict=True))
     return obj
