@@ -20,7 +20,6 @@ import json
 import os
 import sys
 import time
-import types
 from dataclasses import dataclass
 
 import numpy as np
@@ -119,22 +118,23 @@ def record(cfg: XappConfig, periods: int, cells_per_node: int, seed: int) -> lis
 @contextlib.contextmanager
 def reference_kpm():
     """Route e2sm.kpm's decoders to asn1tools by making its fast readers decline every input (the swap
-    contracts.md documents for tests)."""
-    import e2sm
+    contracts.md documents for tests): the header's and message's readers, and the header's v2.03 check."""
+    from e2sm import _fast_kpm
     from e2sm._fast import Unsupported
 
     def decline(*_a, **_k):
         raise Unsupported("reference arm")
 
-    real = e2sm._fast_kpm
-    stub = types.SimpleNamespace(**{k: getattr(real, k) for k in dir(real) if not k.startswith("__")})
-    stub.decode_indication_header = decline
-    stub.decode_indication_message = decline
-    e2sm._fast_kpm = stub
+    swapped = {"decode_indication_header": decline, "decode_indication_message": decline,
+               "reads_as_v2_header": lambda _data: None}
+    saved = {name: getattr(_fast_kpm, name) for name in swapped}
+    for name, fn in swapped.items():
+        setattr(_fast_kpm, name, fn)
     try:
         yield
     finally:
-        e2sm._fast_kpm = real
+        for name, fn in saved.items():
+            setattr(_fast_kpm, name, fn)
 
 
 @dataclass

@@ -39,3 +39,31 @@ def test_bench_replays_an_rmr_capture(tmp_path):
     assert bench.run(p.parse_args(["--recording", str(cap), "--json", str(out)])) == 0
     doc = json.loads(out.read_text())
     assert doc["source"] == str(cap) and doc["nodes"] == 3 and doc["arms"]["weaver"]["indications"] == 6
+
+
+def test_reference_arm_decodes_with_asn1tools_only(monkeypatch):
+    """The baseline arm must not reach any fast reader: each one it missed would shrink the ratio the
+    bench prints (the v3.00 header's v2.03 check once did, and the speed-up fell from 4x to 2x)."""
+    from e2sm import _asn1, kpm
+    from e2sm.e2ap import decode_e2ap
+    from e2sm.kpm import KpmVersion
+
+    cfg = bench.make_config(1)
+    _, _, payload = bench.record(cfg, 1, 1, seed=0)[0][0]
+    ind = decode_e2ap(payload)
+    calls = []
+    real = _asn1.decode
+    monkeypatch.setattr(_asn1, "decode", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+
+    def decode():
+        return (kpm.decode_indication_header(ind.header, KpmVersion.V3_00),
+                kpm.decode_indication_message(ind.message, KpmVersion.V3_00))
+
+    fast = decode()
+    assert calls == []
+    with bench.reference_kpm():
+        assert decode() == fast
+    assert sorted(calls) == ["E2SM-KPM-IndicationHeader", "E2SM-KPM-IndicationHeader",
+                             "E2SM-KPM-IndicationMessage"]   # the v3.00 header, its v2.03 check, the message
+    calls.clear()
+    assert decode() == fast and calls == []          # restored
