@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import math
 import os
@@ -45,6 +44,7 @@ from xapp.actuate import CONTROL_REQUESTOR, NodeControl, node_control, parse_con
 from xapp.agents import AgentBook
 from xapp.broker import LeaseBroker
 from xapp.config import ConfigWatcher, XappConfig
+from xapp.gcpolicy import GcPolicy
 from xapp.ingest import Ingest, IngestError, KpmRefusal, KpmSample, KpmSubscription, KpmValueError, meas_key
 from xapp.inputs import POLICY_INPUTS
 from xapp.invariant import loosenings, policy_violations, start_up_changes
@@ -206,6 +206,7 @@ class XappApp:
         self.now, self.wall = clock, wall
         self.started = clock()
         self.counters = Counters()
+        self.gc_policy = GcPolicy()
         self.metrics = XappMetrics(self)      # the Prometheus registry (xapp.metrics)
         self.site_counters: dict[str, SiteCounters] = {}
         self.controls_log: deque = deque(maxlen=1000)
@@ -617,10 +618,9 @@ class XappApp:
             t.add_done_callback(_log_task_death)
         if self.watcher is not None:
             self.watcher.poll()                         # the digest of the config we started with
-        # Codec tables (pycrate, asn1tools) are large, long-lived object graphs: move them out of the
-        # collector's reach, or a full collection stalls the loop for tens of ms (measured by the bench).
-        gc.collect()
-        gc.freeze()
+        # Codec tables (pycrate, asn1tools) are large, long-lived object graphs, and so become the loop's
+        # histories: out of the collector's reach, or a full collection stalls the loop for tens of ms.
+        self.gc_policy.settle()
         self._tasks.append(asyncio.ensure_future(self._watch()))
 
     # ------------------------------------------------------------------ discovery + subscriptions
@@ -1023,6 +1023,7 @@ class XappApp:
                         self.broker.revoke(site_id, "xapp-error")
             if ticked:
                 ticks += 1
+                self.gc_policy.after_tick()
                 if ticks % 50 == 0:
                     self._save_cost_models()
                 if ticks % 600 == 0:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import json
 import os
 import sys
@@ -35,6 +34,7 @@ from e2sm.kpm import (
 from e2sm.rc import encode_ran_function_definition, node_ran_function_definition
 from xapp.actuate import node_control
 from xapp.config import XappConfig
+from xapp.gcpolicy import GcPolicy
 from xapp.ingest import Ingest, KpmSubscription, meas_key
 from xapp.loop import ControlOutcome, SendControl, new_state, set_node, step_site
 from xapp.rnib import RC_OID, E2Node, RanFunction
@@ -187,7 +187,7 @@ def loop_setup(cfg: XappConfig, decode, sub_ids: dict[str, int] | None = None) -
     return state, ingest
 
 
-def run_arm(name: str, cfg: XappConfig, recorded, decode) -> ArmResult:
+def run_arm(name: str, cfg: XappConfig, recorded, decode, gc_policy: GcPolicy | None = None) -> ArmResult:
     state, ingest = loop_setup(cfg, decode, {meid: sid for sid, meid, _ in recorded[0]})
     site_of = {s.nodes[0]: s.site_id for s in cfg.sites}
     agents = frozenset(s.site_id for s in cfg.sites)
@@ -222,6 +222,8 @@ def run_arm(name: str, cfg: XappConfig, recorded, decode) -> ArmResult:
             controls += len(sent)
             if sent:
                 pending[site] = sent
+        if gc_policy is not None:          # a period is one tick of the loop, as in weaver-xapp's _run_loop
+            gc_policy.after_tick()
     cpu_s, wall_s = clock() - t_start, wclock() - w_start
     n = len(lat)
     return ArmResult(name, np.array(lat) * 1000.0, np.array(wall) * 1000.0, cpu_s, wall_s, controls,
@@ -267,11 +269,11 @@ def run(args) -> int:
     print(f"{'replaying' if args.recording else 'recorded'} {n_ind} indications ({n_nodes} nodes x {args.cells_per_node} cells = "
           f"{n_nodes * args.cells_per_node} cells, {periods} periods, seed {args.seed}) in {rec_s:.1f} s; "
           f"payload {len(recorded[0][0][2])} B", file=sys.stderr)
-    gc.collect()
-    gc.freeze()        # as weaver-xapp does after start-up: no full collections over the codec tables
-    fast = run_arm("weaver", cfg, recorded, decode_e2ap)
+    gc_policy = GcPolicy()
+    gc_policy.settle()     # as weaver-xapp does after start-up, and after each tick below
+    fast = run_arm("weaver", cfg, recorded, decode_e2ap, gc_policy)
     with reference_kpm():
-        base = run_arm("reference", cfg, recorded, decode_e2ap_reference)
+        base = run_arm("reference", cfg, recorded, decode_e2ap_reference, gc_policy)
     split = split_ingest(recorded, cfg)
 
     def row(r: ArmResult) -> dict:
@@ -310,7 +312,10 @@ def run(args) -> int:
                "seed": args.seed, "payload_bytes": len(recorded[0][0][2]), "arms": res,
                "speedup_vs_reference": speedup, "ingest_split_ms": split, "bottleneck": bottleneck,
                "targets": targets, "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-               else None, "load_average": os.getloadavg(), "time_basis": "thread CPU time (wall_* keys: wall clock)"}
+               else None, "load_average": os.getloadavg(), "time_basis": "thread CPU time (wall_* keys: wall clock)",
+               "gc_policy": {"refreeze_every_periods": gc_policy.refreeze_ticks,
+                             "full_collection_every_periods": gc_policy.reclaim_ticks,
+                             "full_collections_run": gc_policy.full_collections}}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)
     return 0

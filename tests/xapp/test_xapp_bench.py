@@ -18,6 +18,7 @@ def test_bench_smoke(tmp_path, capsys):
         for key in ("p50_ms", "p99_ms", "indications_per_s", "wall_p99_ms", "controls_encoded"):
             assert doc["arms"][arm][key] >= 0
     assert doc["bottleneck"] and "speedup_vs_reference" in doc
+    assert doc["gc_policy"]["refreeze_every_periods"] >= 1
     assert "weaver bench xapp" in capsys.readouterr().out
 
 
