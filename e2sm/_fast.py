@@ -14,7 +14,6 @@ which tests/e2sm/test_fast_e2ap.py checks against the reference on generated and
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 from e2sm.e2ap import RicControlRequest, RicIndication, RicRequestId
@@ -39,14 +38,16 @@ _REQUEST_ID, _FUNCTION_ID, _ACTION_ID, _SN, _TYPE, _HEADER, _MESSAGE, _CALL_PROC
 _MANDATORY_BITS = sum(1 << ie for ie in (_REQUEST_ID, _FUNCTION_ID, _ACTION_ID, _TYPE, _HEADER, _MESSAGE))
 
 
-@functools.cache
-def _plain_fields_are(cls: type, names: tuple[str, ...]) -> bool:
+_PLAIN: dict[type, tuple[str, ...]] = {}    # classes whose fields are these names, kept in an instance __dict__
+
+
+def _plain(cls: type, names: tuple[str, ...]) -> bool:
     """Whether `cls`'s fields are `names`, in that order, kept in an instance __dict__ (no __slots__)."""
     slotted = any("__slots__" in vars(k) for k in cls.__mro__[:-1])
-    return not slotted and tuple(f.name for f in dataclasses.fields(cls)) == names
-
-
-_PLAIN: dict[type, tuple[str, ...]] = {}    # classes checked by _plain_fields_are, with their names
+    if slotted or tuple(f.name for f in dataclasses.fields(cls)) != names:
+        return False
+    _PLAIN[cls] = names
+    return True
 
 
 def build_unchecked(cls: type, names: tuple[str, ...], values: tuple) -> Any:
@@ -54,10 +55,8 @@ def build_unchecked(cls: type, names: tuple[str, ...], values: tuple) -> Any:
     constraints while parsing (re-checking them cost a third of a decode). Falls back to the checked
     constructor if the class's fields are not `names`, in that order (a field added or renamed), or live
     in slots. One dict update, not a frozen-safe object.__setattr__ a field (which cost more than the checks)."""
-    if _PLAIN.get(cls) is not names:          # the cached check hashes (cls, names) on each call: once
-        if not _plain_fields_are(cls, names):
-            return cls(*values)
-        _PLAIN[cls] = names
+    if _PLAIN.get(cls) is not names and not _plain(cls, names):
+        return cls(*values)
     obj = object.__new__(cls)
     obj.__dict__.update(zip(names, values, strict=True))
     return obj

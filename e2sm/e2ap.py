@@ -1008,11 +1008,10 @@ def encode_e2ap(msg: E2apMessage) -> bytes:
     RICindications and RICcontrolRequests are written by `e2sm._fast` (the bytes pycrate writes, without
     pycrate) unless a field needs length fragments (>= 16 kB)."""
     if type(msg) in (RicIndication, RicControlRequest):
-        fast = _fast_codec()
-        write = fast.encode_ric_indication if type(msg) is RicIndication else fast.encode_control_request
+        write = _fast.encode_ric_indication if type(msg) is RicIndication else _fast.encode_control_request
         try:
             return write(msg)
-        except fast.Unsupported:
+        except _fast.Unsupported:
             pass
     return _aper_encode(_to_value(msg))
 
@@ -1042,25 +1041,11 @@ def decode_e2ap(data: bytes) -> E2apMessage:
     if isinstance(data, bytearray | memoryview):
         data = bytes(data)
     if isinstance(data, bytes) and data[:2] == b"\x00\x05" and len(data) <= MAX_PDU_BYTES:
-        fast = _fast_codec()
         try:
-            return fast.decode_ric_indication(data)
-        except fast.Unsupported:
+            return _fast.decode_ric_indication(data)
+        except _fast.Unsupported:
             pass
     return decode_e2ap_reference(data)
-
-
-_FAST: Any = None
-
-
-def _fast_codec() -> Any:
-    """`e2sm._fast`, imported on first use (it builds this module's dataclasses); a local import on every
-    indication cost a tenth of its decode."""
-    global _FAST
-    if _FAST is None:
-        from e2sm import _fast
-        _FAST = _fast
-    return _FAST
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1218,3 +1203,6 @@ def _value_of(obj: Any, js: Any, where: str) -> Any:  # noqa: C901 - one branch 
         return js
     raise E2EncodeError(f"ASN.1 type {t} has no JSON form here", where)
 
+
+# Last: e2sm._fast (the pycrate-free RICindication and RICcontrolRequest codec) builds this module's dataclasses.
+from e2sm import _fast  # noqa: E402

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from e2sm import _asn1
-from e2sm._fast import Unsupported
 from e2sm.common import NrCgi, UeId, check_ue_id, ue_id_from_asn1
 from e2sm.errors import E2DecodeError, E2EncodeError
 
@@ -747,7 +746,9 @@ _FAST_KPM: Any = None
 def _readers() -> Any:
     """`e2sm._fast_kpm`, imported on first use: it builds this module's dataclasses, and it loads numba,
     which a process that never decodes a KPM message should not pay for. Called through the module each
-    time, so tests can swap its readers. (A local import on every decode cost a tenth of a header's.)"""
+    time, so tests can swap its readers. (A local import on every decode cost a tenth of a header's.) The
+    callers catch `fast.Unsupported` from it, so importing this module loads neither the readers nor, through
+    `e2sm._fast`, E2AP's pycrate tables."""
     global _FAST_KPM
     if _FAST_KPM is None:
         from e2sm import _fast_kpm
@@ -764,9 +765,10 @@ def encode_indication_header(obj: KpmIndicationHeader, version: KpmVersion) -> b
             " (64-bit NTP, or Unix s/ms/us/ns)",
             "E2SM-KPM-IndicationHeader",
         )
+    fast = _readers()
     try:
-        return _readers().encode_indication_header(obj, version)  # asn1tools' exact bytes, for validated values
-    except Unsupported:
+        return fast.encode_indication_header(obj, version)  # asn1tools' exact bytes, for validated values
+    except fast.Unsupported:
         pass
     body: dict[str, Any] = {"colletStartTime": obj.collect_start_time.to_bytes(n, "big")}
     for asn_name, attr in _HEADER_STRINGS:
@@ -794,9 +796,10 @@ def decode_indication_header(data: bytes, version: KpmVersion) -> KpmIndicationH
 
 
 def _also_a_v2_header(data: bytes) -> bool:
+    fast = _readers()
     try:
-        verdict = _readers().reads_as_v2_header(data)
-    except Unsupported:         # not bytes: the reference names the type
+        verdict = fast.reads_as_v2_header(data)
+    except fast.Unsupported:         # not bytes: the reference names the type
         verdict = None
     if verdict is not None:
         return verdict
@@ -808,9 +811,10 @@ def _also_a_v2_header(data: bytes) -> bool:
 
 
 def _decode_header(data: bytes, version: KpmVersion) -> KpmIndicationHeader:
+    fast = _readers()
     try:
-        header = _readers().decode_indication_header(data, version)
-    except Unsupported:
+        header = fast.decode_indication_header(data, version)
+    except fast.Unsupported:
         header = _decode_header_reference(data, version, _mismatch_hint(version))
     # Plausibility, on the typed value so that both paths apply it. (Strings are PrintableString on
     # both: the fast reader declines others, the reference path refuses them naming the mismatch.)
@@ -1038,18 +1042,20 @@ def encode_indication_message(obj: KpmIndicationMessage, version: KpmVersion) ->
     if name is None:
         raise E2EncodeError(f"not a KPM indication message: {obj!r}", "E2SM-KPM-IndicationMessage")
     _check_finite_reals(obj)
+    fast = _readers()
     try:
-        return _readers().encode_indication_message(obj, version)  # asn1tools' exact bytes, for validated values
-    except Unsupported:
+        return fast.encode_indication_message(obj, version)  # asn1tools' exact bytes, for validated values
+    except fast.Unsupported:
         pass
     value = {"indicationMessage-formats": (name, obj.to_asn1())}
     return _asn1.encode(version.module, "E2SM-KPM-IndicationMessage", value)
 
 
 def decode_indication_message(data: bytes, version: KpmVersion) -> KpmIndicationMessage:
+    fast = _readers()
     try:
-        return _readers().decode_indication_message(data, version)
-    except Unsupported:
+        return fast.decode_indication_message(data, version)
+    except fast.Unsupported:
         pass  # any shape the fast reader does not handle: the asn1tools reference decides
     v = _asn1.decode(version.module, "E2SM-KPM-IndicationMessage", data)
     kind, body = v["indicationMessage-formats"]
