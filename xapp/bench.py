@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from e2sm._fast_kpm import declined
 from e2sm.e2ap import RicIndication, RicRequestId, decode_e2ap, decode_e2ap_reference, encode_e2ap
 from e2sm.kpm import (
     IndicationMessageFormat1,
@@ -113,28 +114,6 @@ def record(cfg: XappConfig, periods: int, cells_per_node: int, seed: int) -> lis
             per_period.append((i + 1, cfg.sites[i].nodes[0], payload))
         out.append(per_period)
     return out
-
-
-@contextlib.contextmanager
-def reference_kpm():
-    """Route e2sm.kpm's decoders to asn1tools by making its fast readers decline every input (the swap
-    contracts.md documents for tests): the header's and message's readers, and the header's v2.03 check."""
-    from e2sm import _fast_kpm
-    from e2sm._fast import Unsupported
-
-    def decline(*_a, **_k):
-        raise Unsupported("reference arm")
-
-    swapped = {"decode_indication_header": decline, "decode_indication_message": decline,
-               "reads_as_v2_header": lambda _data: None}
-    saved = {name: getattr(_fast_kpm, name) for name in swapped}
-    for name, fn in swapped.items():
-        setattr(_fast_kpm, name, fn)
-    try:
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(_fast_kpm, name, fn)
 
 
 @dataclass
@@ -272,7 +251,7 @@ def run(args) -> int:
     gc_policy = GcPolicy()
     gc_policy.settle()     # as weaver-xapp does after start-up, and after each tick below
     fast = run_arm("weaver", cfg, recorded, decode_e2ap, gc_policy)
-    with reference_kpm():
+    with declined():                      # the reference arm: e2sm.kpm on asn1tools alone
         base = run_arm("reference", cfg, recorded, decode_e2ap_reference, gc_policy)
     split = split_ingest(recorded, cfg)
 

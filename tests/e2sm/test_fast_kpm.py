@@ -33,24 +33,10 @@ from e2sm.kpm import (
 VERSIONS = (KpmVersion.V2_03, KpmVersion.V3_00)
 
 
-def _refuse(*_args):
-    raise Unsupported("reference requested")
-
-
 def public_without_fast(name: str, data: bytes, version: KpmVersion):
-    """kpm.<name> with the fast reader switched off: the asn1tools path, or E2DecodeError."""
-    # the header's version-mismatch check has a fast reader of its own: off with the header's
-    swapped = {name: _refuse}
-    if name == "decode_indication_header":
-        swapped["reads_as_v2_header"] = lambda _data: None
-    saved = {key: getattr(_fast_kpm, key) for key in swapped}
-    for key, fn in swapped.items():
-        setattr(_fast_kpm, key, fn)
-    try:
+    """kpm.<name> with the fast readers switched off: the asn1tools path, or E2DecodeError."""
+    with _fast_kpm.declined():
         return _outcome(lambda: getattr(kpm, name)(data, version))
-    finally:
-        for key, fn in saved.items():
-            setattr(_fast_kpm, key, fn)
 
 
 def _outcome(decode):
