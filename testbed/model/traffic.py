@@ -24,6 +24,8 @@ from typing import Protocol
 import numpy as np
 
 from .config import SLOT_S, Scenario
+from .f32math import cos_2pi_row, exp_row, log_row
+from .jit import njit
 from .phy import N_RE, SPECTRAL_EFFICIENCY
 
 RHO = 0.25  # trough / peak (swept 0.1-0.4 in the facts; no sourced value exists)
@@ -128,7 +130,7 @@ class SyntheticTrace:
         # The draws and the float64 staging buffer of a batch, kept for the next batch of the same shape:
         # nothing handed out points into them, and fresh ones cost the kernel's page faults, about a
         # third of a batch's time at a hundred sites.
-        self._scratch: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._scratch: dict[tuple, np.ndarray] = {}
         # Per-site dwell (s) and per-cell mean bytes per slot at lambda = 1 (all slices), per direction.
         self.dwell_s = np.array([rng.uniform(60, 180) for rng in self.rngs])
         self.mean_dl = np.zeros((scenario.n_sites, scenario.n_cells))
@@ -160,7 +162,8 @@ class SyntheticTrace:
         """lambda_s at a slot (diurnal x scale x current Markov state), shape (S,)."""
         return self._level(start_slot, self.markov)
 
-    def _level(self, start_slot: int, markov: np.ndarray) -> np.ndarray:
+    def _level(self, start_slot, markov: np.ndarray) -> np.ndarray:
+        """`level` at `start_slot` (an int, or (P, 1) slots for P periods) in Markov states `markov` ((S,) or (P, S))."""
         sc = self.scenario
         hour = sc.start_hour + start_slot * SLOT_S * sc.day_speedup / 3600
         # All sites at once through the archetype curves' own evaluation (`_eval` broadcasts over sites):
@@ -191,11 +194,11 @@ class SyntheticTrace:
         # is active (u < p), (p - u) / p is again uniform on (0, 1], so the activity draw also yields the
         # protected slice's exponential amount (-ln) and the radius of a Box-Muller normal for the
         # best-effort lognormal burst, whose angle takes one more uniform.
-        # Time is the innermost axis of the draws, so per-cell factors broadcast along long rows.
+        # The arithmetic on them is one compiled pass (`_bursts_kernel`).
         if (S, P, C, T) not in self._scratch:
-            self._scratch = {(S, P, C, T): (np.empty((S, 6, P, C, T), dtype=np.float32), np.empty((S, P, C, T)))}
-        # u: activity (prot dl, ul, be dl, ul) and angle (be dl, ul) draws; scaled: staging in float64
-        u, scaled = self._scratch[S, P, C, T]
+            self._scratch = {(S, P, C, T): np.empty((S, 6, P, C, T), dtype=np.float32)}
+        # u: activity (prot dl, ul, be dl, ul) and angle (be dl, ul) draws
+        u = self._scratch[S, P, C, T]
         mcs_noise = np.empty((S, 2, P, n_blocks, C))
         layer_u = np.empty((S, 2, P, n_blocks, C))
         moves = np.empty((S, P, 2))
@@ -208,48 +211,21 @@ class SyntheticTrace:
         p_leave = np.minimum(1.0, T * SLOT_S * sc.day_speedup / self.dwell_s)
         markov = np.empty((P + 1, S), dtype=int)
         markov[0] = self.markov
-        lam = np.empty((P, S))
         for p in range(P):
-            lam[p] = self._level(start_slot + p * T, markov[p])
             leave = moves[:, p, 0] < p_leave
             nxt = (_MOVES_CDF[markov[p]] <= moves[:, p, 1:]).sum(axis=1)  # searchsorted(cdf, v, "right")
             markov[p + 1] = np.where(leave, nxt, markov[p])
-        # Period-dependent scales, shaped (S, P, C, 1) to broadcast over the (S, P, C, T) draws.
+        lam = self._level(start_slot + T * np.arange(P)[:, None], markov[:P])  # (P, S): every period at once
+        # Period-dependent scales (S, P, C): the load, the best-effort busy probability, each slice's mean burst.
         lam_spc = lam.T[:, :, None]
         p_act = np.clip(0.1 + self.p_slope[:, None, :] * lam_spc, 0.05, 0.9)  # (S, P, C)
-        p_act32 = p_act[..., None].astype(np.float32)
+        means = np.stack([mean[:, None, :] * lam_spc for mean in (self.mean_dl, self.mean_ul)])  # (2, S, P, C)
+        mp = means * self.shares[None, :, None, :1] / PROTECTED_ACTIVE
+        mb = means * self.shares[None, :, None, 1:] / p_act[None]
+        a_dl, a_ul = np.empty((P, 2, T, S, C)), np.empty((P, 2, T, S, C))
+        _bursts_kernel(u, p_act.astype(np.float32), mp, mb, a_dl, a_ul)
         out = []
-        for d, mean in enumerate((self.mean_dl, self.mean_ul)):
-            m = mean[:, None, :] * lam_spc  # (S, P, C) bytes per slot, all slices
-            mp = (m * self.shares[:, None, :1] / PROTECTED_ACTIVE)[..., None]
-            mb = (m * self.shares[:, None, 1:] / p_act)[..., None]
-            # In place on the float32 draws, then scaled and copied into the period-major, slice-first
-            # (P, L, T, S, C) layout. Idle slots are set to 1 before the log (log 1 = 0: a finite value
-            # the mask or the product zeroes); a masked log (`where=`) would cost ~20x a plain one.
-            a = np.empty((P, 2, T, S, C))
-            x, idle = u[:, d], u[:, d] >= PROTECTED_ACTIVE
-            np.subtract(PROTECTED_ACTIVE, x, out=x)
-            x *= np.float32(1 / PROTECTED_ACTIVE)
-            np.maximum(x, idle, out=x)
-            np.log(x, out=x)
-            np.multiply(x, -mp, out=scaled)  # Exp(1) x mean while active, 0 idle
-            np.copyto(a[:, 0].transpose(2, 0, 3, 1), scaled)
-            x, idle = u[:, 2 + d], u[:, 2 + d] >= p_act32
-            np.subtract(p_act32, x, out=x)
-            x /= p_act32
-            np.maximum(x, idle, out=x)
-            np.log(x, out=x)
-            x *= -2.0
-            np.sqrt(x, out=x)
-            angle = u[:, 4 + d]
-            angle *= np.float32(2 * np.pi)
-            x *= np.cos(angle, out=angle)  # standard normal while active
-            x *= BURST_SIGMA
-            x -= BURST_SIGMA ** 2 / 2
-            np.exp(x, out=x)
-            x *= ~idle
-            np.multiply(x, mb, out=scaled)  # lognormal burst of mean 1 x mean / p_act
-            np.copyto(a[:, 1].transpose(2, 0, 3, 1), scaled)
+        for d, a in enumerate((a_dl, a_ul)):
             mcs = np.clip(np.rint(self.mcs_mean[:, d, None, None, :] + 3.0 * mcs_noise[:, d]), 0, 27).astype(np.intp)
             pool = (DL_LAYERS if d == 0 else UL_LAYERS)[0]
             layers = np.minimum(pool[np.searchsorted(self.layer_cdf[d], layer_u[:, d])],
@@ -258,6 +234,63 @@ class SyntheticTrace:
             out.append((a, np.repeat(bpp.transpose(1, 2, 0, 3), MCS_BLOCK, axis=1)[:, :T]))  # (P, T, S, C)
         return _Batch(n_slots=T, next_start=start_slot, next=0, level=lam, markov=markov,
                       dl=out[0][0], ul=out[1][0], bpp_dl=out[0][1], bpp_ul=out[1][1])
+
+
+_PA32, _INV_PA32 = np.float32(PROTECTED_ACTIVE), np.float32(1 / PROTECTED_ACTIVE)
+_ONE32, _MINUS_TWO32 = np.float32(1.0), np.float32(-2.0)
+_SIGMA32, _HALF_VAR32 = np.float32(BURST_SIGMA), np.float32(BURST_SIGMA ** 2 / 2)
+# Slots per row of work: a block of slots is computed for every (site, cell) into a staging array, then
+# written into the (T, S, C)-major output in address order (written in place at a stride of S x C, the
+# output cost more than the arithmetic at a hundred sites).
+_ROW = 32
+
+
+@njit(cache=True, nogil=True)
+def _bursts_kernel(u, p_act, mp, mb, a_dl, a_ul):
+    """Bytes per slot from the float32 draws u (S, 6, P, C, T) into a_dl / a_ul (P, L=2, T, S, C).
+
+    Protected slice of direction d: active while u[d] < PROTECTED_ACTIVE, then mp x Exp(1) with Exp(1) =
+    -ln((PA - u) / PA). Best-effort: active while u[2 + d] < p_act, then mb x a mean-1 lognormal whose
+    normal is Box-Muller from the radius -2 ln((p - u) / p) and the angle u[4 + d]. mp, mb (2, S, P, C) and
+    p_act (S, P, C, float32) per direction, site, period and cell. The arithmetic runs in float32 over rows
+    of a (site, period, cell)'s slots with `f32math`'s vector loops, idle slots included (ln 1 = 0) and
+    zeroed at the end; a branch per slot, or libm's scalar calls, cost several times more."""
+    S, _, P, C, T = u.shape
+    y, ln = np.empty(_ROW, dtype=np.float32), np.empty(_ROW, dtype=np.float32)
+    w, scratch = np.empty(_ROW, dtype=np.float32), np.empty(_ROW, dtype=np.float32)
+    stage = np.empty((2, S * C, _ROW))
+    for d in range(2):
+        a = a_dl if d == 0 else a_ul
+        for p in range(P):
+            for t0 in range(0, T, _ROW):
+                n = min(_ROW, T - t0)
+                y_, ln_, w_, sc_ = y[:n], ln[:n], w[:n], scratch[:n]
+                for s in range(S):
+                    for c in range(C):
+                        row = s * C + c
+                        up = u[s, d, p, c, t0:t0 + n]
+                        for t in range(n):
+                            y_[t] = (_PA32 - up[t]) * _INV_PA32 if up[t] < _PA32 else _ONE32
+                        log_row(y_, ln_, sc_)
+                        m0 = mp[d, s, p, c]
+                        for t in range(n):
+                            stage[0, row, t] = -ln_[t] * m0
+                        ub, pa = u[s, 2 + d, p, c, t0:t0 + n], p_act[s, p, c]
+                        for t in range(n):
+                            y_[t] = (pa - ub[t]) / pa if ub[t] < pa else _ONE32
+                        log_row(y_, ln_, sc_)
+                        cos_2pi_row(u[s, 4 + d, p, c, t0:t0 + n], w_)
+                        for t in range(n):
+                            ln_[t] = np.sqrt(_MINUS_TWO32 * ln_[t]) * w_[t] * _SIGMA32 - _HALF_VAR32
+                        exp_row(ln_, y_, sc_)
+                        m1 = mb[d, s, p, c]
+                        for t in range(n):
+                            stage[1, row, t] = y_[t] * m1 if ub[t] < pa else 0.0
+                for sl in range(2):  # (site, cell)-major rows -> the output's slot-major rows, written in order
+                    out = a[p, sl].reshape(T, S * C)
+                    for t in range(n):
+                        for row in range(S * C):
+                            out[t0 + t, row] = stage[sl, row, t]
 
 
 @dataclass
