@@ -127,9 +127,8 @@ class SyntheticTrace:
         self.rngs = [np.random.default_rng(s) for s in root.spawn(scenario.n_sites)]
         self.markov = np.ones(scenario.n_sites, dtype=int)  # start in `normal`
         self._batch: _Batch | None = None
-        # The draws and the float64 staging buffer of a batch, kept for the next batch of the same shape:
-        # nothing handed out points into them, and fresh ones cost the kernel's page faults, about a
-        # third of a batch's time at a hundred sites.
+        # The draws of a batch, kept for the next batch of the same shape: nothing handed out points into
+        # them, and fresh ones cost the kernel's page faults, about a third of a batch's time at a hundred sites.
         self._scratch: dict[tuple, np.ndarray] = {}
         # Per-site dwell (s) and per-cell mean bytes per slot at lambda = 1 (all slices), per direction.
         self.dwell_s = np.array([rng.uniform(60, 180) for rng in self.rngs])
