@@ -21,6 +21,7 @@ from typing import Any
 from e2sm import _asn1
 from e2sm.common import NrCgi, UeId, check_ue_id, ue_id_from_asn1
 from e2sm.errors import E2DecodeError, E2EncodeError
+from e2sm.memo import setup_memo
 
 KPM_OID_V2 = "1.3.6.1.4.1.53148.1.2.2.2"
 KPM_OID_V3 = "1.3.6.1.4.1.53148.1.3.2.2"
@@ -476,12 +477,14 @@ class KpmEventTrigger:
         _check_int("reportingPeriod", self.period_ms, 1, U32)
 
 
+@setup_memo
 def encode_event_trigger(obj: KpmEventTrigger, version: KpmVersion) -> bytes:
     _expect(obj, KpmEventTrigger, version, "E2SM-KPM-EventTriggerDefinition")
     value = {"eventDefinition-formats": ("eventDefinition-Format1", {"reportingPeriod": obj.period_ms})}
     return _asn1.encode(version.module, "E2SM-KPM-EventTriggerDefinition", value)
 
 
+@setup_memo
 def decode_event_trigger(data: bytes, version: KpmVersion) -> KpmEventTrigger:
     v = _asn1.decode(version.module, "E2SM-KPM-EventTriggerDefinition", data)
     kind, body = v["eventDefinition-formats"]
@@ -666,6 +669,7 @@ class KpmActionDefinition:
             raise ValueError(f"format must be ActionDefFormat1..5, got {self.format!r}")
 
 
+@setup_memo
 def encode_action_definition(obj: KpmActionDefinition, version: KpmVersion) -> bytes:
     _expect(obj, KpmActionDefinition, version, "E2SM-KPM-ActionDefinition")
     value = {
@@ -675,6 +679,7 @@ def encode_action_definition(obj: KpmActionDefinition, version: KpmVersion) -> b
     return _asn1.encode(version.module, "E2SM-KPM-ActionDefinition", value)
 
 
+@setup_memo
 def decode_action_definition(data: bytes, version: KpmVersion) -> KpmActionDefinition:
     v = _asn1.decode(version.module, "E2SM-KPM-ActionDefinition", data)
     kind, body = v["actionDefinition-formats"]
@@ -1169,6 +1174,7 @@ class KpmRanFunctionDescription:
         return next((s for s in self.report_styles or () if s.style == style), None)
 
 
+@setup_memo
 def encode_ran_function_description(obj: KpmRanFunctionDescription, version: KpmVersion) -> bytes:
     _expect(obj, KpmRanFunctionDescription, version, "E2SM-KPM-RANfunction-Description")
     name: dict[str, Any] = {
@@ -1204,6 +1210,7 @@ def encode_ran_function_description(obj: KpmRanFunctionDescription, version: Kpm
     return _asn1.encode(version.module, "E2SM-KPM-RANfunction-Description", value)
 
 
+@setup_memo
 def decode_ran_function_description(data: bytes, version: KpmVersion) -> KpmRanFunctionDescription:
     v = _asn1.decode(version.module, "E2SM-KPM-RANfunction-Description", data)
 

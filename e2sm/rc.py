@@ -20,6 +20,7 @@ from typing import Any
 from e2sm import _asn1
 from e2sm.common import GnbDuUeId, UeId, check_ue_id, plmn_from_bcd, plmn_to_bcd, ue_id_from_asn1
 from e2sm.errors import E2DecodeError, E2EncodeError
+from e2sm.memo import setup_memo
 
 RC_MODULE = "rc-v1.03"
 RC_OID = "1.3.6.1.4.1.53148.1.1.2.3"
@@ -478,6 +479,7 @@ _OTHER_SECTIONS = (
 )
 
 
+@setup_memo
 def encode_ran_function_definition(d: RcRanFunctionDefinition) -> bytes:
     _expect(d, RcRanFunctionDefinition, "E2SM-RC-RANFunctionDefinition")
     name: dict[str, Any] = {
@@ -514,6 +516,7 @@ def _style_to_asn1(s: RcControlStyle) -> dict:
     return v
 
 
+@setup_memo
 def decode_ran_function_definition(data: bytes) -> RcRanFunctionDefinition:
     where = "E2SM-RC-RANFunctionDefinition"
     v = _asn1.decode(RC_MODULE, where, data)
