@@ -32,8 +32,16 @@ from dataclasses import dataclass, field
 
 from agent.config import EnforcerConfig, LeaseClientConfig
 from agent.enforcer import WALL, BudgetEnforcer, Idle, Launch, StepNow
-from agent.lease_client import Connected, Disconnected, LeaseClient, LeaseGranted, LeaseRevoked
+from agent.lease_client import (
+    Connected,
+    CrossSiteChanged,
+    Disconnected,
+    LeaseClient,
+    LeaseGranted,
+    LeaseRevoked,
+)
 from agent.monitors import DeviceFacts
+from agent.tiermodel import Tiers
 from schemas.credential import site_credential
 from schemas.proto.weaver.v1 import lease_pb2
 
@@ -97,12 +105,16 @@ def _report(a: ModelAgent, now: float) -> None:
         a.reports += ok
 
 
-def _events(a: ModelAgent, now: float) -> bool:
+def _events(a: ModelAgent, now: float, tiers: Tiers) -> bool:
     """The client's events since the last look; True if there were any (the agent is woken for them)."""
     events = a.client.poll()
     for ev in events:
         if isinstance(ev, Connected):
             a.connects += 1
+            if ev.cross_site is not None:
+                tiers.configure(a.site_id, ev.cross_site)
+        elif isinstance(ev, CrossSiteChanged):
+            tiers.configure(a.site_id, ev.config)
         elif isinstance(ev, Disconnected):
             a.disconnects += 1
             a.enforcer.on_revoke(now, reason="disconnected", in_flight_until=a.busy_until)
@@ -151,6 +163,7 @@ def run(cfg: LoadConfig, out=print, stop: threading.Event | None = None) -> dict
     """Every site's agent for `cfg.duration_s` (0: until `stop` is set), then the figures."""
     stop = stop or threading.Event()
     agents = [make_agent(cfg, s) for s in cfg.sites]
+    tiers = Tiers()
     clock = time.monotonic
     t0 = clock()
     gap = cfg.start_spread_s / max(1, len(agents))
@@ -169,7 +182,7 @@ def run(cfg: LoadConfig, out=print, stop: threading.Event | None = None) -> dict
         now = clock()
         if now - last_events >= EVENTS_EVERY_S:   # every client's events
             for i, a in enumerate(agents):
-                if _events(a, now) and wake_at[i] > now:
+                if _events(a, now, tiers) and wake_at[i] > now:
                     wake_at[i] = now
                     heapq.heappush(wake, (now, i))
             last_events = now
@@ -183,6 +196,7 @@ def run(cfg: LoadConfig, out=print, stop: threading.Event | None = None) -> dict
             _report(a, now)
         time.sleep(max(0.0, min(0.005, (wake[0][0] if wake else now + 0.005) - clock())))
     cpu = time.process_time() - cpu0
+    tiers.stop()
     with ThreadPoolExecutor(max_workers=64) as pool:      # each stop drains its stream: not one after another
         list(pool.map(lambda a: a.client.stop(timeout=2.0, drain_s=0.2), agents))
     delivery = sorted(x for a in agents for x in a.delivery_ms)
@@ -198,7 +212,7 @@ def run(cfg: LoadConfig, out=print, stop: threading.Event | None = None) -> dict
             "lease_delivery_ms_p50": pct(0.50), "lease_delivery_ms_p99": pct(0.99),
             "lease_delivery_ms_max": delivery[-1] if delivery else None,
             "leases_received_past_hard_end": sum(a.late for a in agents),
-            "dropped_reports": sum(a.client.dropped_reports for a in agents)}
+            "dropped_reports": sum(a.client.dropped_reports for a in agents), "tier": tiers.figures()}
 
 
 def main(argv: list[str] | None = None) -> int:

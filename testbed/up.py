@@ -831,6 +831,17 @@ class XappViews:
 
 
 
+async def start_lighthouse(cfg: UpConfig, sup: Supervisor, secret: str) -> tuple[str, str]:
+    """The run's Lighthouse, gated (agent.crosssite.gate) when the broker has a `secret`: then it answers only
+    the sites the broker admitted. Returns (its address for the sites, the inner address or "")."""
+    gated = ["--secret-env", "WEAVER_TIER_SECRET", "--bind-host", cfg.tier_host or cfg.host] if secret else []
+    lh = sup.start("lighthouse", [str(agent_python()), "-m", "agent.crosssite.lighthouse",
+                                  "--port", str(free_port()), "--round-ms", str(cfg.round_ms), *gated],
+                   env={"PYTHONPATH": str(ROOT), **({"WEAVER_TIER_SECRET": secret} if secret else {})})
+    m = await asyncio.to_thread(lh.wait_for_line, r"lighthouse (\w+://\S+)(?: inner (\S+))?", 60)
+    return m.group(1), m.group(2) or ""
+
+
 async def start_xapps(cfg: UpConfig, sim, sup: Supervisor, run_dir: Path, replicas: list[dict[str, int]],
                       sdl_env: dict[str, str], sdl_namespace: str, lighthouse: str = "", broker_secret: str = "",
                       ready_s: float = 90.0) -> None:
@@ -910,13 +921,7 @@ async def run_up(cfg: UpConfig, out=print) -> dict:
         broker_secret = secrets.token_hex(32)   # this run's; in no file, only in the xApp's (and Lighthouse's) env
         token_env = xapp_controls(cfg, sim, ports)["controls"]["broker"].get("token_env")
         if cfg.cross_site:
-            # gated (agent.crosssite.gate) when the broker has a secret: the Lighthouse answers only admitted sites
-            gated = ["--secret-env", "WEAVER_TIER_SECRET", "--bind-host", cfg.tier_host or cfg.host] if token_env else []
-            lh = sup.start("lighthouse", [str(agent_python()), "-m", "agent.crosssite.lighthouse",
-                                          "--port", str(free_port()), "--round-ms", str(cfg.round_ms), *gated],
-                           env={"PYTHONPATH": str(ROOT), **({"WEAVER_TIER_SECRET": broker_secret} if gated else {})})
-            m = await asyncio.to_thread(lh.wait_for_line, r"lighthouse (\w+://\S+)(?: inner (\S+))?", 60)
-            lighthouse, lighthouse_inner = m.group(1), m.group(2) or ""
+            lighthouse, lighthouse_inner = await start_lighthouse(cfg, sup, broker_secret if token_env else "")
         sdl_env, sdl_namespace = await asyncio.to_thread(run_sdl)
         await start_xapps(cfg, sim, sup, run_dir, replicas, sdl_env, sdl_namespace,
                           lighthouse=lighthouse, broker_secret=broker_secret)

@@ -6,7 +6,9 @@ hold every site's agent: each the agent's real lease protocol (`LeaseClient`: it
 with its site's credential, heartbeats, clock-offset bound, redirects between replicas; `BudgetEnforcer`:
 the window and micro-batch plan) with a work model in place of torch. So a run with 1,000 sites puts 1,000
 E2 nodes through SubMgr and the E2 termination, 1,000 sites through the xApp's loop and 1,000 lease sessions
-through the broker, and the dashboard shows them all.
+through the broker, and the dashboard shows them all. Unless `--no-cross-site`, every site also joins the
+cross-site tier's quorums (`agent.tiermodel`: torchft's Lighthouse client, through the gated Lighthouse's gate
+with the pass the site's lease stream hands it; heartbeats and one quorum a round, no weights exchanged).
 
 What it does not measure: training. The work model executes nothing, so the RAN model is charged no
 training and every deadline miss in the summary is the RAN's own (its demand over its GPU); the figures
@@ -34,6 +36,7 @@ from testbed.cli import agent_python
 from testbed.faults import FaultInjector, Targets
 from testbed.procs import ChildFailed, Supervisor
 from testbed.up import (
+    HEARTBEATS_PER_S,
     REDIS,
     ROOT,
     SHARDS_PER_REPLICA,
@@ -48,6 +51,7 @@ from testbed.up import (
     scenario_for,
     scenario_line,
     site_name,
+    start_lighthouse,
     start_xapps,
     xapp_sites,
 )
@@ -134,6 +138,12 @@ class ModelGroup:
     granularity: int
 
 
+def tier_round_ms(sites: int, round_ms: int) -> int:
+    """The cross-site round of a region: long enough that its sites' Lighthouse heartbeats (each a third of the
+    heartbeat timeout, half a round: agent.tiermodel) stay within HEARTBEATS_PER_S, as the broker's do."""
+    return max(round_ms, math.ceil(sites * 6 * 1000 / HEARTBEATS_PER_S))
+
+
 def model_groups(scenario, per_process: int = SITES_PER_PROCESS) -> list[ModelGroup]:
     """The sites split into processes of at most `per_process`, each of one (GPU, step) kind."""
     kinds: dict[tuple[int, int], list[int]] = {}
@@ -167,6 +177,24 @@ def combine_agents(docs: list[dict]) -> dict:
     for k in ("lease_delivery_ms_p50", "lease_delivery_ms_p99", "lease_delivery_ms_max"):
         vals = [d[k] for d in docs if d.get(k) is not None]
         out[k + "_worst_process"] = max(vals) if vals else None
+    out["tier"] = combine_tiers([d["tier"] for d in docs if d.get("tier")])
+    return out
+
+
+def combine_tiers(tiers: list[dict]) -> dict:
+    """The processes' tier figures (agent.tiermodel.Tiers.figures) as one: counts added, the quorums' sizes
+    over every process, the wait quantiles as the worst process's."""
+    keys = ("sites_joined", "sites_refused", "sites_in_a_quorum", "quorum_requests", "quorums", "quorum_failures",
+            "heartbeats", "heartbeat_failures")
+    out = {k: sum(t.get(k, 0) or 0 for t in tiers) for k in keys}
+
+    def over(key: str, pick):
+        vals = [t[key] for t in tiers if t.get(key) is not None]
+        return pick(vals) if vals else None
+    out["quorum_sites_min"], out["quorum_sites_max"] = over("quorum_sites_min", min), over("quorum_sites_max", max)
+    out["quorum_wait_ms_p50_worst_process"] = over("quorum_wait_ms_p50", max)
+    out["quorum_wait_ms_p99_worst_process"] = over("quorum_wait_ms_p99", max)
+    out["an_error"] = next((t["an_error"] for t in tiers if t.get("an_error")), "")
     return out
 
 
@@ -203,7 +231,8 @@ async def run_up_model(cfg: UpConfig, out=print) -> dict:
                                 for _ in range(cfg.xapp_replicas - 1)]
     scenario = scenario_for(cfg)
     # nothing runs beyond a lease (the work model executes nothing): one partition step of guard
-    cfg = replace(cfg, cross_site=False, guard_sms=cfg.guard_sms or max(s.granularity for s in scenario.sites))
+    cfg = replace(cfg, guard_sms=cfg.guard_sms or max(s.granularity for s in scenario.sites),
+                  round_ms=tier_round_ms(cfg.sites, cfg.round_ms))
     t_start = time.monotonic()
     sim = await Simulation.start(SimConfig(n_sites=cfg.sites, n_cells=cfg.cells, seed=cfg.seed, host=cfg.host,
                                            e2term_port=0, submgr_http_port=0,
@@ -225,9 +254,11 @@ async def run_up_model(cfg: UpConfig, out=print) -> dict:
     summary: dict = {}
     try:
         secret = secrets.token_hex(32)
+        # the model agents join the cross-site tier's quorums (agent.tiermodel), through its gate as sites do
+        lighthouse = (await start_lighthouse(cfg, sup, secret))[0] if cfg.cross_site else ""
         sdl_env, sdl_namespace = await asyncio.to_thread(run_sdl)
-        await start_xapps(cfg, sim, sup, run_dir, replicas, sdl_env, sdl_namespace, broker_secret=secret,
-                          ready_s=90.0 + 0.2 * cfg.sites)
+        await start_xapps(cfg, sim, sup, run_dir, replicas, sdl_env, sdl_namespace, lighthouse=lighthouse,
+                          broker_secret=secret, ready_s=90.0 + 0.2 * cfg.sites)
         world.startup["xapp_ready_s"] = round(time.monotonic() - t_start, 2)
         creds = run_dir / "site-credentials.json"
         write_credentials(creds, secret, names)
@@ -268,6 +299,8 @@ async def run_up_model(cfg: UpConfig, out=print) -> dict:
                f"(first: {', '.join((waiting + silent)[:5])})" if waiting or silent
                else f"every session up and every site's KPM at the xApp "
                     f"{world.startup['all_reporting_s'] - world.startup['xapp_ready_s']:.1f} s after the xApp was ready"))
+        out("weaver up: lighthouse " + (f"{lighthouse} (gated; every site asks it for a quorum each {cfg.round_ms} ms "
+                                         f"round, agent.tiermodel)" if lighthouse else "none (--no-cross-site)"))
         out(f"weaver up: dashboard  {rests[0]}/")
         out(f"weaver up: rest       {rests[0]}/api/v1  (metrics {rests[0]}/metrics)")
         out(f"weaver up: submgr     {sim.ric.submgr_url}/subscriptions")
@@ -304,8 +337,9 @@ async def run_up_model(cfg: UpConfig, out=print) -> dict:
                 if injector is not None else []
             replicas_doc = {"replicas": cfg.xapp_replicas, "shards": SHARDS_PER_REPLICA * cfg.xapp_replicas,
                             **await asyncio.to_thread(ledger_check, sdl_namespace, kills)}
-        # the xApp first (it revokes every lease), then the model agents, which write their figures
-        await asyncio.to_thread(sup.stop_all, ["xapp", "agents"], 30.0)
+        # the xApp first (it revokes every lease), then the model agents, which write their figures, then the
+        # Lighthouse (no site loses its quorum service while it stops)
+        await asyncio.to_thread(sup.stop_all, ["xapp", "agents", "lighthouse"], 30.0)
         docs = []
         for g in groups:
             try:
@@ -317,7 +351,7 @@ async def run_up_model(cfg: UpConfig, out=print) -> dict:
     finally:
         if injector is not None:
             await injector.close()
-        await asyncio.to_thread(sup.stop_all, ["xapp", "agents"], 30.0)
+        await asyncio.to_thread(sup.stop_all, ["xapp", "agents", "lighthouse"], 30.0)
         if sdl_namespace:
             try:
                 await asyncio.to_thread(drop_sdl_namespace, sdl_namespace)
@@ -375,6 +409,13 @@ def print_summary(s: dict, out=print) -> None:
         f"{a['leases_received_past_hard_end']} of {a['leases_received']}, loop step p99 <= "
         f"{_ms(st.get('p99_ms_at_most'))}, world periods late {w['periods_started_late']} of {w['periods']}, "
         f"RAN misses {t['ran_deadline_misses']}")
+    x = a.get("tier") or {}
+    if x.get("sites_joined") or x.get("sites_refused"):
+        out(f"weaver up: cross-site {x['sites_in_a_quorum']}/{s['sites']} sites in a Lighthouse quorum, {x['quorums']} "
+            f"quorums of {x['quorum_requests']} requests ({x['quorum_failures']} failed), sites a quorum "
+            f"{x['quorum_sites_min']}..{x['quorum_sites_max']}, quorum wait p99 "
+            f"{_ms(x['quorum_wait_ms_p99_worst_process'])} (worst process), heartbeats {x['heartbeats']:,} "
+            f"({x['heartbeat_failures']} failed)" + (f"; e.g. {x['an_error']}" if x["an_error"] else ""))
 
 
 def _ms(v) -> str:

@@ -51,6 +51,18 @@ def test_the_model_agents_figures_add_up_and_take_the_worst_delivery():
     assert c["agents"] == 5 and c["sites_connected"] == 4 and c["leases_received"] == 15
     assert c["leases_received_past_hard_end"] == 1 and c["process_cpu_s"] == 2.0
     assert c["lease_delivery_ms_p99_worst_process"] == 80.0 and c["lease_delivery_ms_p50_worst_process"] is None
+    assert c["tier"]["sites_joined"] == 0 and c["tier"]["quorum_sites_min"] is None   # no process joined a tier
+
+
+def test_the_tier_figures_add_up_over_processes_and_keep_the_smallest_quorum():
+    a = {"sites_joined": 2, "sites_in_a_quorum": 2, "quorum_requests": 8, "quorums": 7, "quorum_failures": 1,
+         "heartbeats": 40, "quorum_sites_min": 3, "quorum_sites_max": 5, "quorum_wait_ms_p99": 20.0, "an_error": ""}
+    b = {"sites_joined": 3, "sites_in_a_quorum": 3, "quorum_requests": 12, "quorums": 12, "heartbeats": 60,
+         "quorum_sites_min": 5, "quorum_sites_max": 5, "quorum_wait_ms_p99": 90.0, "an_error": "TimeoutError: x"}
+    c = combine_agents([{"agents": 2, "tier": a}, {"agents": 3, "tier": b}])["tier"]
+    assert (c["sites_joined"], c["sites_in_a_quorum"], c["quorums"], c["quorum_failures"]) == (5, 5, 19, 1)
+    assert c["quorum_sites_min"] == 3 and c["quorum_sites_max"] == 5
+    assert c["quorum_wait_ms_p99_worst_process"] == 90.0 and c["an_error"] == "TimeoutError: x"
 
 
 def test_the_health_check_interval_grows_with_the_nodes():
@@ -109,6 +121,9 @@ def test_model_agents_through_two_replicas_and_a_replica_kill(tmp_path, repo_roo
     # the killed replica has no /metrics at the end: the survivor's loop stepped
     assert sorted(st["steps"] > 0 for st in s["xapp_loop_steps"]) == [False, True], s["xapp_loop_steps"]
     assert "weaver up: done (agents model, 40 sites, 2 xApp replicas)" in proc.stdout
+    # every site joined the gated Lighthouse's quorums with the pass its stream handed it, and one quorum held all
+    tier = a["tier"]
+    assert tier["sites_joined"] == n and tier["sites_in_a_quorum"] == n and tier["quorum_sites_max"] == n, tier
 
 
 def test_a_region_of_model_agents_gets_a_longer_heartbeat():
