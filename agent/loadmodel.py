@@ -41,7 +41,7 @@ from agent.lease_client import (
     LeaseRevoked,
 )
 from agent.monitors import DeviceFacts
-from agent.tiermodel import Tiers
+from agent.tiermodel import Tiers, preload_tier
 from schemas.credential import site_credential
 from schemas.proto.weaver.v1 import lease_pb2
 
@@ -62,6 +62,7 @@ class LoadConfig:
     secret: str | None = None
     credentials: dict[str, str] = field(default_factory=dict, hash=False, compare=False)  # site -> token
     start_spread_s: float = 2.0      # registrations spread over this long (a region's agents do not start at once)
+    cross_site: bool = False         # the sites will be told to join a tier: its modules load before they connect
 
 
 @dataclass
@@ -162,6 +163,8 @@ def _advance(cfg: LoadConfig, a: ModelAgent, now: float) -> float:
 def run(cfg: LoadConfig, out=print, stop: threading.Event | None = None) -> dict:
     """Every site's agent for `cfg.duration_s` (0: until `stop` is set), then the figures."""
     stop = stop or threading.Event()
+    if cfg.cross_site:    # as a real agent does (CrossSiteAgent): torch and torchft at start, not on the loop
+        preload_tier()
     agents = [make_agent(cfg, s) for s in cfg.sites]
     tiers = Tiers()
     clock = time.monotonic
@@ -226,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--credentials", default="", metavar="FILE", help="JSON object: site id -> credential")
     p.add_argument("--gpu-sms", type=int, default=132, help="every site's GPU, as its agent registers it")
     p.add_argument("--granularity", type=int, default=8, help="every site's partition step, in SMs")
+    p.add_argument("--cross-site", action="store_true",
+                   help="the coordinator names a Lighthouse: load the tier's modules before connecting")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     sites = tuple(s for s in (args.sites or "").split(",") if s) or tuple(f"site-{i}" for i in range(args.count or 0))
@@ -251,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     doc = run(LoadConfig(brokers=args.broker, sites=sites, duration_s=args.duration, secret=secret,
-                         credentials=creds, gpu_sms=args.gpu_sms, granularity=args.granularity), stop=stop)
+                         credentials=creds, gpu_sms=args.gpu_sms, granularity=args.granularity,
+                         cross_site=args.cross_site), stop=stop)
     print(json.dumps(doc), flush=True)
     if args.json:
         with open(args.json, "w") as f:

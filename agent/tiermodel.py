@@ -28,6 +28,14 @@ HEARTBEAT_THREADS = 4
 MAX_ERROR = 200      # characters of an error kept for the figures
 
 
+def preload_tier() -> None:
+    """Import the tier's modules (agent.crosssite.tier, and with it torch; torchft's client): 2-3 s of CPU that a
+    process pays before its sites connect, not on the loop that serves their lease streams at the first join."""
+    import torchft._torchft  # noqa: F401
+
+    import agent.crosssite.tier  # noqa: F401
+
+
 @dataclass
 class TierFigures:
     requests: int = 0

@@ -268,7 +268,8 @@ async def run_up_model(cfg: UpConfig, out=print) -> dict:
             sup.start(g.name, [str(agent_python()), "-m", "agent.loadmodel", "--broker", brokers,
                                "--sites", ",".join(names[i] for i in g.sites), "--duration", "0",
                                "--gpu-sms", str(g.gpu_sms), "--granularity", str(g.granularity),
-                               "--credentials", str(creds), "--json", str(run_dir / f"{g.name.replace(':', '-')}.json")],
+                               "--credentials", str(creds), "--json", str(run_dir / f"{g.name.replace(':', '-')}.json"),
+                               *(["--cross-site"] if lighthouse else [])],
                       env={"PYTHONPATH": str(ROOT)})
         for g in groups:
             await asyncio.to_thread(sup.get(g.name).wait_for_line, r"weaver-load: started", 60)
