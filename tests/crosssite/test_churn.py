@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from agent.crosssite.lighthouse import Lighthouse, LighthouseConfig
+from tests.waiting import until
 
 pytestmark = [pytest.mark.agent, pytest.mark.slow]
 
@@ -86,15 +87,6 @@ class Sites:
                 p.wait(5)
 
 
-def _wait_for(cond, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
 @pytest.fixture(scope="module")
 def scenario(agent_python, repo_root, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("churn")
@@ -108,15 +100,15 @@ def scenario(agent_python, repo_root, tmp_path_factory):
                 return lambda: sum(1 for r in _rounds(logs[name]) if r["committed"]
                                    and r["participants"] == participants and r["t"] > after) >= n
             t_start = time.time()
-            _wait_for(full_rounds("s0", 5, 3), 60, "5 committed rounds with 3 sites")
+            until(full_rounds("s0", 5, 3), 60, "5 committed rounds with 3 sites")
             # Kill in the middle of a work phase, not at a boundary.
             time.sleep(0.4 * ROUND_MS / 1000)
             sites.procs["s1"].send_signal(signal.SIGKILL)
             sites.procs["s1"].wait(5)
             killed_at = time.time()
-            _wait_for(full_rounds("s0", 3, 2, after=killed_at), 30, "3 committed rounds without s1")
+            until(full_rounds("s0", 3, 2, after=killed_at), 30, "3 committed rounds without s1")
             logs["s1b"] = sites.start("s1", "s1b", 1)
-            _wait_for(full_rounds("s1b", 4, 3), 60, "restarted s1 back in a 3-site quorum")
+            until(full_rounds("s1b", 4, 3), 60, "restarted s1 back in a 3-site quorum")
             print(f"\nscenario: kill after {killed_at - t_start:.1f}s, done after {time.time() - t_start:.1f}s")
         finally:
             sites.stop_all()

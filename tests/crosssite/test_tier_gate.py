@@ -24,6 +24,7 @@ from agent.crosssite import gate
 from schemas import tierpass
 from schemas.credential import tier_key
 from tests.proc_net import listening
+from tests.waiting import until
 
 CA = b"c" * 32              # an epoch's CA seed (the broker's)
 NOW = 1_900_000_000
@@ -171,16 +172,6 @@ def _lines(path: Path) -> list[dict]:
     return out
 
 
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.agent
 @pytest.mark.slow
 @pytest.mark.timeout(240)
@@ -210,9 +201,9 @@ def test_a_gated_tier_commits_and_heals_through_its_gates_and_an_outsider_gets_n
                      "WEAVER_TIER_PASS": tierpass.issue(ca, EPOCH, name, int(time.time()) + 600).encode()}))
             return log
         s0 = site("s0")
-        _wait(lambda: [r for r in _lines(s0) if r["kind"] == "round" and r["committed"]], 90, "s0's first round")
+        until(lambda: [r for r in _lines(s0) if r["kind"] == "round" and r["committed"]], 90, "s0's first round")
         s1 = site("s1")
-        both = _wait(lambda: [r for r in _lines(s1) if r["kind"] == "round" and r["committed"]
+        both = until(lambda: [r for r in _lines(s1) if r["kind"] == "round" and r["committed"]
                               and r["participants"] == 2], 90, "a round of both sites")
         assert any(r["healed"] for r in _lines(s1) if r["kind"] == "round"), _lines(s1)[-5:]
         assert both[0]["checksum"] in {r["checksum"] for r in _lines(s0) if r["kind"] == "round"}
@@ -251,7 +242,7 @@ def test_a_gated_tier_commits_and_heals_through_its_gates_and_an_outsider_gets_n
         assert inner.startswith("http://127.0.0.1:")
         # the rounds went on while the outsider knocked
         n = len([r for r in _lines(s1) if r["kind"] == "round" and r["committed"]])
-        _wait(lambda: len([r for r in _lines(s1) if r["kind"] == "round" and r["committed"]]) > n, 30, "more rounds")
+        until(lambda: len([r for r in _lines(s1) if r["kind"] == "round" and r["committed"]]) > n, 30, "more rounds")
     finally:
         for p in reversed(procs):
             if p.poll() is None:

@@ -16,6 +16,7 @@ from agent.tiermodel import Tiers
 from schemas import tierpass
 from schemas.credential import tier_key
 from schemas.proto.weaver.v1 import lease_pb2
+from tests.waiting import until
 
 ROUND_MS = 600
 SECRET = "a-broker-secret"
@@ -33,15 +34,6 @@ def _config(addr: str, epoch_ms: int, identity: tierpass.TierIdentity | None = N
     return msg
 
 
-def _wait(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _last_quorum(tiers: Tiers, site: str) -> int | None:
     members = tiers.members[site].figures.members
     return members[-1] if members else None
@@ -56,11 +48,11 @@ def test_every_told_site_shares_one_quorum_a_round_and_a_site_told_to_leave_drop
         sites = [f"site-{i}" for i in range(6)]
         for s in sites:
             tiers.configure(s, _config(lh.addr, epoch_ms))
-        _wait(lambda: all((_last_quorum(tiers, s) or 0) == 6 for s in sites), 30, "a quorum of all six sites")
+        until(lambda: all((_last_quorum(tiers, s) or 0) == 6 for s in sites), 30, "a quorum of all six sites")
         tiers.configure("site-0", lease_pb2.CrossSiteConfig())         # the coordinator turned its tier off
         assert "site-0" not in tiers.members
         asked = {s: tiers.members[s].figures.requests for s in sites[1:]}
-        _wait(lambda: all(tiers.members[s].figures.requests >= asked[s] + 3 for s in sites[1:]), 30, "three rounds")
+        until(lambda: all(tiers.members[s].figures.requests >= asked[s] + 3 for s in sites[1:]), 30, "three rounds")
         assert all(_last_quorum(tiers, s) == 5 for s in sites[1:])
         f = tiers.figures()
         assert f["sites_in_a_quorum"] == 6 and f["sites_joined"] == 5 and f["quorum_sites_max"] == 6
@@ -92,9 +84,9 @@ def test_a_gated_lighthouse_quorums_only_the_sites_with_a_pass_of_its_epoch(repo
             tiers.configure(s, _config(head[1], epoch_ms, tierpass.issue(ca, EPOCH, s, now + 600)))
         # an outsider: a well-formed pass, but signed by a CA that is not the broker's
         tiers.configure("site-9", _config(head[1], epoch_ms, tierpass.issue(b"x" * 32, EPOCH, "site-9", now + 600)))
-        _wait(lambda: all((_last_quorum(tiers, s) or 0) == 3 for s in ("site-0", "site-1", "site-2")), 40,
+        until(lambda: all((_last_quorum(tiers, s) or 0) == 3 for s in ("site-0", "site-1", "site-2")), 40,
               "a quorum of the three admitted sites")
-        _wait(lambda: tiers.members["site-9"].figures.failures >= 2, 40, "the outsider's refusals")
+        until(lambda: tiers.members["site-9"].figures.failures >= 2, 40, "the outsider's refusals")
         out = tiers.members["site-9"].figures
         assert out.quorums == 0 and out.heartbeats == 0
         assert max(n for s in ("site-0", "site-1", "site-2") for n in tiers.members[s].figures.members) == 3
