@@ -46,6 +46,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agent.crosssite import relay
 from schemas.tierpass import PassRefused, TierIdentity, TierPass, check_pass, verify
 
 log = logging.getLogger("weaver.gate")
@@ -164,33 +165,6 @@ def _read_exact(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while True:
-            data = src.recv(65536)
-            if not data:
-                break
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
-            try:
-                s.shutdown(how)
-            except OSError:
-                pass
-
-
-def _splice(a: socket.socket, b: socket.socket) -> None:
-    """Both directions until both ends are done; then both sockets are closed."""
-    t = threading.Thread(target=_pipe, args=(b, a), daemon=True, name="gate-pipe")
-    t.start()
-    _pipe(a, b)
-    t.join()
-    a.close()
-    b.close()
-
-
 class GateServer:
     """The one network listener of a gated host: authenticates each connection, then pipes it to the
     loopback port of the service its hello named. `services` may be given (and changed) after start."""
@@ -235,6 +209,7 @@ class GateServer:
             threading.Thread(target=self._serve, args=(conn,), daemon=True, name=f"{self.name}-conn").start()
 
     def _serve(self, conn: socket.socket) -> None:
+        upstream = None
         try:
             conn.settimeout(self.hello_timeout_s)
             challenge = os.urandom(16)
@@ -256,17 +231,20 @@ class GateServer:
             conn.settimeout(None)
             upstream.settimeout(None)
             self.accepted += 1
-            _splice(conn, upstream)
         except GateRefused as exc:
             self.refused[exc.reason] += 1
             log.info("%s refused a connection: %s", self.name, exc)
             conn.close()
+            self._slots.release()
         except OSError as exc:
             self.refused["io"] += 1
             log.debug("%s: %s", self.name, exc)
             conn.close()
-        finally:
+            if upstream is not None:
+                upstream.close()
             self._slots.release()
+        else:     # the slot is held while the connection is open
+            relay.shared().splice(conn, upstream, on_close=self._slots.release)
 
     def stop(self) -> None:
         self._closed = True
@@ -337,7 +315,7 @@ class Egress:
             log.warning("egress to %s:%d (%s) failed: %s", host, gate_port, service, exc)
             conn.close()
             return
-        _splice(conn, up)
+        relay.shared().splice(conn, up)
 
     def close(self) -> None:
         with self._lock:
