@@ -50,6 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
+from agent.crosssite.lighthouse import gate_connections_for
 from testbed import scenarios as named
 from testbed.cli import agent_python
 from testbed.e2node.config import node_configs
@@ -834,7 +835,8 @@ class XappViews:
 async def start_lighthouse(cfg: UpConfig, sup: Supervisor, secret: str) -> tuple[str, str]:
     """The run's Lighthouse, gated (agent.crosssite.gate) when the broker has a `secret`: then it answers only
     the sites the broker admitted. Returns (its address for the sites, the inner address or "")."""
-    gated = ["--secret-env", "WEAVER_TIER_SECRET", "--bind-host", cfg.tier_host or cfg.host] if secret else []
+    gated = ["--secret-env", "WEAVER_TIER_SECRET", "--bind-host", cfg.tier_host or cfg.host,
+             "--max-connections", str(gate_connections_for(cfg.sites))] if secret else []
     lh = sup.start("lighthouse", [str(agent_python()), "-m", "agent.crosssite.lighthouse",
                                   "--port", str(free_port()), "--round-ms", str(cfg.round_ms), *gated],
                    env={"PYTHONPATH": str(ROOT), **({"WEAVER_TIER_SECRET": secret} if secret else {})})

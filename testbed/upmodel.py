@@ -32,11 +32,11 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from agent.crosssite.lighthouse import region_round_ms
 from testbed.cli import agent_python
 from testbed.faults import FaultInjector, Targets
 from testbed.procs import ChildFailed, Supervisor
 from testbed.up import (
-    HEARTBEATS_PER_S,
     REDIS,
     ROOT,
     SHARDS_PER_REPLICA,
@@ -138,12 +138,6 @@ class ModelGroup:
     granularity: int
 
 
-def tier_round_ms(sites: int, round_ms: int) -> int:
-    """The cross-site round of a region: long enough that its sites' Lighthouse heartbeats (each a third of the
-    heartbeat timeout, half a round: agent.tiermodel) stay within HEARTBEATS_PER_S, as the broker's do."""
-    return max(round_ms, math.ceil(sites * 6 * 1000 / HEARTBEATS_PER_S))
-
-
 def model_groups(scenario, per_process: int = SITES_PER_PROCESS) -> list[ModelGroup]:
     """The sites split into processes of at most `per_process`, each of one (GPU, step) kind."""
     kinds: dict[tuple[int, int], list[int]] = {}
@@ -232,7 +226,7 @@ async def run_up_model(cfg: UpConfig, out=print) -> dict:
     scenario = scenario_for(cfg)
     # nothing runs beyond a lease (the work model executes nothing): one partition step of guard
     cfg = replace(cfg, guard_sms=cfg.guard_sms or max(s.granularity for s in scenario.sites),
-                  round_ms=tier_round_ms(cfg.sites, cfg.round_ms))
+                  round_ms=region_round_ms(cfg.sites, cfg.round_ms))
     t_start = time.monotonic()
     sim = await Simulation.start(SimConfig(n_sites=cfg.sites, n_cells=cfg.cells, seed=cfg.seed, host=cfg.host,
                                            e2term_port=0, submgr_http_port=0,

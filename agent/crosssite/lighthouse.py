@@ -18,6 +18,8 @@ this gate then refuses: restart the Lighthouse with it.) It prints
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 import os
 import shutil
 import signal
@@ -30,6 +32,23 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from schemas.announce import announce
+
+log = logging.getLogger("weaver.lighthouse")
+
+# A region's Lighthouse: each site heartbeats it at a third of its heartbeat timeout (half a round) and holds one
+# gRPC connection through its gate; the region's round grows so that it gets at most this many heartbeats a
+# second (as the broker's heartbeat grows with its sessions: testbed.up.heartbeat_ms_for).
+REGION_HEARTBEATS_PER_S = 200
+
+
+def region_round_ms(sites: int, round_ms: int) -> int:
+    """The round of a region of `sites`: `round_ms`, or longer where its heartbeats would pass the limit."""
+    return max(round_ms, math.ceil(sites * 6 * 1000 / REGION_HEARTBEATS_PER_S))
+
+
+def gate_connections_for(sites: int) -> int:
+    """The gate's open connections at most: every site's, twice over (a reconnect overlaps the old one's close)."""
+    return max(256, 2 * sites)
 
 
 @dataclass(frozen=True)
@@ -156,6 +175,19 @@ class Lighthouse:
         self.stop()
 
 
+def _room_for(descriptors: int) -> None:
+    """Raise this process's open-file limit to `descriptors` where the hard limit allows (many hosts start
+    processes at a soft 1,024, which a region's gate passes at 500 sites)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = descriptors if hard == resource.RLIM_INFINITY else min(descriptors, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        if want < descriptors:
+            log.warning("lighthouse gate: %d open files at most (hard limit), %d wanted", want, descriptors)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m agent.crosssite.lighthouse")
     ap.add_argument("--port", type=int, default=29510)
@@ -165,7 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--round-ms", type=int, default=0, help="derive both timeouts from the round length")
     ap.add_argument("--join-timeout-ms", type=int, default=1500)
     ap.add_argument("--heartbeat-timeout-ms", type=int, default=400)
+    ap.add_argument("--max-connections", type=int, default=256,
+                    help="the gate's open connections at most (each site's Lighthouse client holds one)")
     args = ap.parse_args(argv)
+    if args.max_connections < 1:
+        ap.error("--max-connections must be at least 1")
     if args.round_ms:
         cfg = LighthouseConfig.for_rounds(args.round_ms, port=args.port, min_replicas=args.min_replicas)
     else:
@@ -175,10 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.secret_env:
         from agent.crosssite.gate import GateServer
 
+        _room_for(2 * args.max_connections + 64)    # each connection is two descriptors (site, inner Lighthouse)
         keys = EpochKeys(os.environ.get(args.secret_env, ""))
         lh = Lighthouse(replace(cfg, port=0)).start()
         gate_server = GateServer(args.bind_host, args.port, keys, {"lighthouse": lh.port}, grpc_only=("lighthouse",),
-                                 max_connections=256, name="lighthouse-gate", on_hello=lambda h: keys.passed(h.epoch))
+                                 max_connections=args.max_connections, name="lighthouse-gate", on_hello=lambda h: keys.passed(h.epoch))
         gate_server.start()
         announce(f"lighthouse gate://{args.bind_host}:{gate_server.port} inner {lh.addr}")
     else:
