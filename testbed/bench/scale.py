@@ -28,6 +28,12 @@ to the first lease of another epoch on each of the killed replica's sites (the S
 `testbed.up.ledger_check`), leases of two epochs that could be acted on at once, and training-caused deadline
 misses by ground truth.
 
+Tier (`--tier-sites`, default 300,1000; `none` skips): a region's sites in the cross-site tier's quorums,
+`python -m agent.tierregion` in the agent venv: the deployed gated Lighthouse (its gate sized for the sites as
+`weaver up` sizes it) and N model sites in one process, each through its own egress with a pass of the epoch,
+for two rounds of the region's length: sites in every quorum, failed requests and heartbeats, the quorum
+wait, and the gate process's threads and CPU (a relay thread for all its connections, not two threads each).
+
 Prints a table, writes `--json FILE` with self-describing keys and `--plot FILE` (PNG).
 """
 from __future__ import annotations
@@ -77,7 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "period to that many agents of agent.loadmodel (the agent's real lease client and "
                              "enforcer, a work model for torch) in the agent venv; 'none' skips it")
     parser.add_argument("--sessions-seconds", type=float, default=5.0, help="live seconds a sessions row")
-    parser.add_argument("--quick", action="store_true", help="sites 10,100, 5 periods, no hand-over (CI smoke)")
+    parser.add_argument("--tier-sites", default="300,1000",
+                        help="comma-separated site counts for the cross-site tier rows (agent.tierregion), or 'none'")
+    parser.add_argument("--quick", action="store_true",
+                        help="sites 10,100, 5 periods, no hand-over, sessions or tier rows (CI smoke)")
     parser.add_argument("--json", default=None, help="write results as JSON to this file")
     parser.add_argument("--plot", default=None, help="write a PNG of the scaling curves to this file")
 
@@ -404,6 +413,23 @@ def run_handover(duration: int) -> dict:
             "training_caused_misses": s.get("totals", {}).get("deadline_misses_attributable_to_training")}
 
 
+def run_tier(sites: int, rounds: int = 2) -> dict:
+    """`python -m agent.tierregion` (agent venv): a region's sites in one gated Lighthouse's quorums."""
+    from testbed.cli import agent_python
+
+    cmd = [str(agent_python()), "-m", "agent.tierregion", "--sites", str(sites), "--rounds", str(rounds)]
+    budget = 120 + rounds * 40 + sites // 5
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    except subprocess.TimeoutExpired:
+        return {"ran": False, "sites": sites, "error": f"no answer within {budget} s"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"ran": False, "sites": sites, "rc": proc.returncode, "error": (proc.stderr or proc.stdout)[-800:]}
+    return {"ran": True, **json.loads(lines[-1])}
+
+
 def capacity(rows: list[ScaleRow], sessions: list[dict] = ()) -> dict:
     """Sites a replica serves with HEADROOM of a core: from the loop alone (the largest offline row), and,
     where the live broker stage ran, from the broker process's measured CPU (loop + gRPC streams) at its
@@ -480,6 +506,10 @@ def write_plot(rows: list[ScaleRow], base: ScaleRow, path: str, handover: dict |
 def run(args) -> int:
     sites = [10, 100] if args.quick else parse_sites(args.sites)
     periods = 5 if args.quick else args.periods
+    tier_sites = [] if args.quick or args.tier_sites == "none" else parse_sites(args.tier_sites)
+    if tier_sites and tier_sites[-1] > 2000:
+        raise SystemExit(f"weaver bench scale: --tier-sites {args.tier_sites!r}: at most 2000 (one process holds "
+                         f"every site's tier member)")
     if periods < 1:
         raise SystemExit(f"weaver bench scale: --periods {periods}: at least 1")
     if args.cells_per_node < 1:
@@ -508,6 +538,11 @@ def run(args) -> int:
             print(f"  sessions {n}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     finally:
         cleanup2()
+    tier = []
+    for n in tier_sites:
+        t0 = time.perf_counter()
+        tier.append(run_tier(n))
+        print(f"  tier {n}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     handover = run_handover(args.handover_duration) if args.handover and not args.quick else None
     cap = capacity(rows, sessions)
     base = rows[0]
@@ -543,6 +578,18 @@ def run(args) -> int:
                   f" {a['leases_received']:9d} {a['leases_received_past_hard_end']:5d}"
                   f" {a['lease_delivery_ms_p50'] or 0:10.1f}ms {a['lease_delivery_ms_p99'] or 0:6.1f}ms"
                   f" {a['lease_delivery_ms_max'] or 0:6.1f}ms {r['sites_with_usage_accepted']:11d} {a['disconnects']:7d}")
+    if tier:
+        print("\ncross-site tier (agent.tierregion: a gated Lighthouse, every site's own egress and pass, 2 rounds):")
+        print(f"{'sites':>6} {'round':>6} {'in a quorum':>11} {'quorum min':>10} {'failed':>6} {'wait p99':>9}"
+              f" {'heartbeats':>10} {'failed':>6} {'gate threads':>12} {'gate cpu':>8}")
+        for r in tier:
+            if not r["ran"]:
+                print(f"{r['sites']:6d} FAILED: {r['error']}")
+                continue
+            print(f"{r['sites']:6d} {r['round_ms'] / 1000:5.0f}s {r['sites_in_a_quorum']:11d}"
+                  f" {r['quorum_sites_min'] or 0:10d} {r['quorum_failures']:6d} {r['quorum_wait_ms_p99'] or 0:7.0f}ms"
+                  f" {r['heartbeats']:10d} {r['heartbeat_failures']:6d} {r['gate_process_threads']:12d}"
+                  f" {r['gate_process_cpu_s']:7.2f}s")
     if handover is not None:
         if handover["ran"]:
             print(f"hand-over ({handover['command']}): killed replica's sites {handover['killed_replica_sites']} "
@@ -560,13 +607,14 @@ def run(args) -> int:
                          "cpu_per_indication_vs_baseline": r.cpu_us_per_indication / base.cpu_us_per_indication,
                          "memory_per_site_vs_baseline": r.memory_kib_per_site / base.memory_kib_per_site}
                         for r in rows],
-               "capacity": cap, "handover": handover, "sessions": sessions,
+               "capacity": cap, "handover": handover, "sessions": sessions, "tier": tier,
+               "tier_note": "agent.tierregion rows: the gate's and the sites' processes share the host's cores",
                "sessions_note": "live broker rows: both processes share the host's cores (not pinned)",
                "load_average": os.getloadavg()}
         Path(args.json).write_text(json.dumps(doc, indent=2))
     if args.plot:
         write_plot(rows, base, args.plot, handover, sessions)
-    failed = (handover is not None and not handover["ran"]) or any(not r["ran"] for r in sessions)
+    failed = (handover is not None and not handover["ran"]) or any(not r["ran"] for r in [*sessions, *tier])
     return 1 if failed else 0
 
 

@@ -20,8 +20,8 @@ def _args(*argv: str) -> argparse.Namespace:
 def test_bench_scale_smoke(tmp_path, capsys, redis_server):
     where = f"{redis_server['host']}:{redis_server['port']}"
     out, png = tmp_path / "s.json", tmp_path / "s.png"
-    assert scale.run(_args("--sites", "4,16", "--periods", "3", "--no-handover", "--sessions", "none", "--redis", where,
-                           "--json", str(out), "--plot", str(png))) == 0
+    assert scale.run(_args("--sites", "4,16", "--periods", "3", "--no-handover", "--sessions", "none", "--tier-sites", "none",
+                           "--redis", where, "--json", str(out), "--plot", str(png))) == 0
     doc = json.loads(out.read_text())
     assert doc["ledger_backend"] == f"redis {where}" and doc["handover"] is None
     assert [r["sites"] for r in doc["rows"]] == [4, 16]
@@ -44,6 +44,27 @@ def test_bad_site_lists_get_one_line(bad):
     with pytest.raises(SystemExit) as e:
         scale.run(_args("--sites", bad, "--no-handover"))
     assert "--sites" in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        scale.run(_args("--sites", "3", "--tier-sites", "5000"))
+    assert "--tier-sites" in str(e.value)
+
+
+def test_the_tier_rows_put_every_site_in_every_quorum_through_a_gate_of_one_relay_thread(tmp_path, redis_server,
+                                                                                        repo_root):
+    """agent.tierregion under the bench: a gated Lighthouse and 12 model sites, each through its own egress with
+    its own pass; every site in a quorum, one quorum of all of them, nothing failed, and the gate's process runs 3 threads (main,
+    accept, relay), not two a connection."""
+    if not (repo_root / ".venv-agent" / "bin" / "python").exists():
+        pytest.fail("the agent venv is missing (scripts/bootstrap)")
+    where = f"{redis_server['host']}:{redis_server['port']}"
+    out = tmp_path / "s.json"
+    assert scale.run(_args("--sites", "3", "--periods", "2", "--no-handover", "--redis", where, "--sessions", "none",
+                           "--tier-sites", "12", "--json", str(out))) == 0
+    (row,) = json.loads(out.read_text())["tier"]
+    assert row["ran"] and row["sites_joined"] == 12 and row["sites_in_a_quorum"] == 12, row
+    assert row["quorum_sites_max"] == 12 and row["quorums"] >= 12, row
+    assert row["quorum_failures"] == 0 and row["heartbeat_failures"] == 0 and row["heartbeats"] > 0, row
+    assert row["gate_process_threads"] <= 4 and row["gate_max_connections"] >= 24, row
 
 
 def test_the_live_broker_stage_serves_model_agents_over_grpc(tmp_path, redis_server, repo_root):
@@ -54,7 +75,7 @@ def test_the_live_broker_stage_serves_model_agents_over_grpc(tmp_path, redis_ser
     where = f"{redis_server['host']}:{redis_server['port']}"
     out = tmp_path / "s.json"
     assert scale.run(_args("--sites", "3", "--periods", "2", "--no-handover", "--redis", where, "--sessions", "5",
-                           "--sessions-seconds", "2", "--json", str(out), "--plot", str(tmp_path / "s.png"))) == 0
+                           "--sessions-seconds", "2", "--tier-sites", "none", "--json", str(out), "--plot", str(tmp_path / "s.png"))) == 0
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
     (row,) = json.loads(out.read_text())["sessions"]
     assert row["ran"] and row["sessions_connected"] == 5, row
