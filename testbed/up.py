@@ -125,7 +125,7 @@ async def _replica_sites_docs(rests: list[str], timeout: float = 2.0) -> list:
     out: list = []
     for rest in rests:
         try:
-            out.append((await _get_json(f"{rest}/api/v1/sites", timeout))["sites"])
+            out.append((await rest_get(f"{rest}/api/v1/sites", timeout))["sites"])
         except Exception as exc:  # noqa: BLE001 - a dead replica
             out.append(exc)
     return out
@@ -747,17 +747,18 @@ class RoundsSeen:
                 "max_participants": max((r["participants"] for r in reps), default=0)}
 
 
-async def _get_json(url: str, timeout: float = 2.0):
+async def rest_get(url: str, timeout: float = 2.0, *, text: bool = False):
+    """One GET of the xApp's REST API: the JSON body, or with `text` the body as text (/metrics)."""
     import aiohttp
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s, s.get(url) as r:
         r.raise_for_status()
-        return await r.json()
+        return await (r.text() if text else r.json())
 
 
 async def _read_rounds(rest: str, seen: RoundsSeen) -> None:
-    transfers = (await _get_json(f"{rest}/api/v1/transfers"))["transfers"]
-    seen.merge(transfers, (await _get_json(f"{rest}/api/v1/rounds"))["rounds"])
+    transfers = (await rest_get(f"{rest}/api/v1/transfers"))["transfers"]
+    seen.merge(transfers, (await rest_get(f"{rest}/api/v1/rounds"))["rounds"])
 
 
 def _fmt_line(elapsed: float, duration: float | None, world: World, agents: list[AgentView], xsites: dict,
@@ -787,7 +788,7 @@ async def _xapp_waterfall(rests: list[str]) -> dict | None:
     docs = []
     for rest in rests:
         try:
-            docs.append(await _get_json(f"{rest}/api/v1/waterfall"))
+            docs.append(await rest_get(f"{rest}/api/v1/waterfall"))
         except Exception:  # an xApp that does not answer: the summary says the waterfall is unknown (None)
             continue
     if len(docs) <= 1:
@@ -815,13 +816,13 @@ class XappViews:
 
     async def snapshot(self, sites: list[str]) -> None:
         try:
-            epoch = int((await _get_json(f"{self.rest}/api/v1/agents"))["epoch"])
+            epoch = int((await rest_get(f"{self.rest}/api/v1/agents"))["epoch"])
             out = {}
             for sid in sites:
                 for _ in range(3):   # a grant between the reads: read again
-                    before = (await _get_json(f"{self.rest}/api/v1/sites/{sid}")).get("lease")
-                    pts = (await _get_json(f"{self.rest}/api/v1/sites/{sid}/series?minutes=60"))["points"]
-                    after = (await _get_json(f"{self.rest}/api/v1/sites/{sid}")).get("lease")
+                    before = (await rest_get(f"{self.rest}/api/v1/sites/{sid}")).get("lease")
+                    pts = (await rest_get(f"{self.rest}/api/v1/sites/{sid}/series?minutes=60"))["points"]
+                    after = (await rest_get(f"{self.rest}/api/v1/sites/{sid}")).get("lease")
                     if before == after:
                         break
                 out[sid] = {"views": [[p["t"], p["grant_sms"]] for p in pts],

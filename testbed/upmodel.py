@@ -47,6 +47,7 @@ from testbed.up import (
     free_port,
     ledger_check,
     replica_sites,
+    rest_get,
     run_sdl,
     scenario_for,
     scenario_line,
@@ -357,10 +358,8 @@ async def run_up_model(cfg: UpConfig, out=print) -> dict:
 
 
 async def _metrics(rest: str) -> str:
-    import aiohttp
     try:
-        async with aiohttp.ClientSession() as s, s.get(f"{rest}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
-            return await r.text()
+        return await rest_get(f"{rest}/metrics", 10, text=True)
     except Exception:  # noqa: BLE001 - a replica killed by a fault has no metrics
         return ""
 
