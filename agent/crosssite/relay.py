@@ -11,6 +11,7 @@ once.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import selectors
 import socket
@@ -63,8 +64,15 @@ class Relay:
 
     def splice(self, a: socket.socket, b: socket.socket, on_close: Callable[[], None] | None = None) -> None:
         """Pipe a <-> b until both directions end; then close both and call `on_close` (on the relay thread)."""
-        a.setblocking(False)
-        b.setblocking(False)
+        try:
+            a.setblocking(False)
+            b.setblocking(False)
+        except OSError:          # an end already closed: nothing to pipe, and the caller's slot is given back
+            a.close()
+            b.close()
+            if on_close is not None:
+                on_close()
+            return
         with self._lock:
             self._new.append(_Pair(a, b, on_close))
             self.spliced += 1
@@ -90,12 +98,11 @@ class Relay:
                         self._write(end)
                     if events & selectors.EVENT_READ and not end.pair.closed:
                         self._read(end)
-                except OSError as exc:
+                    if not end.pair.closed:
+                        self._update(end.pair)
+                except Exception as exc:  # noqa: BLE001 - one pair's failure must not stop every other pipe
                     log.debug("%s: %s", self.name, exc)
                     self._close(end.pair)
-                    continue
-                if not end.pair.closed:
-                    self._update(end.pair)
 
     def _take_new(self) -> None:
         try:
@@ -109,7 +116,11 @@ class Relay:
                     return
                 pair = self._new.popleft()
             self.pairs += 1
-            self._update(pair)
+            try:
+                self._update(pair)
+            except Exception as exc:  # noqa: BLE001 - a socket its caller closed already: that pair only
+                log.debug("%s: %s", self.name, exc)
+                self._close(pair)
 
     def _read(self, end: _End) -> None:
         other = end.other
@@ -161,11 +172,14 @@ class Relay:
             end.mask = mask
 
     def _close(self, pair: _Pair) -> None:
+        if pair.closed:
+            return
         pair.closed = True
         self.pairs -= 1
         for end in (pair.a, pair.b):
             if end.mask:
-                self._sel.unregister(end.sock)
+                with contextlib.suppress(KeyError, ValueError, OSError):
+                    self._sel.unregister(end.sock)
                 end.mask = 0
             end.sock.close()
         if pair.on_close is not None:

@@ -78,6 +78,35 @@ def test_a_reset_on_one_end_closes_the_other_and_calls_on_close_once():
     a_out.close()
 
 
+def test_a_pair_that_cannot_be_piped_is_closed_and_every_other_pair_goes_on():
+    r = relay.Relay("test-relay")
+    a_out, a_in = _pair()
+    b_in, b_out = _pair()
+    r.splice(a_in, b_in)
+    dead_a, dead_b = _pair()
+    dead_b.close()                       # its caller closed it before the relay took it: no descriptor
+    closed = threading.Event()
+    r.splice(dead_a, dead_b, on_close=closed.set)
+    assert closed.wait(5)
+    # a live pair whose socket is closed under the relay (a caller's bug): that pair ends, not the relay
+    c_out, c_in = _pair()
+    d_in, d_out = _pair()
+    gone = threading.Event()
+    r.splice(c_in, d_in, on_close=gone.set)
+    c_out.sendall(b"x")
+    d_out.settimeout(5)
+    assert d_out.recv(10) == b"x"
+    c_in.close()
+    d_out.sendall(b"to a closed socket")
+    assert gone.wait(5)
+    a_out.sendall(b"still here")
+    b_out.settimeout(5)
+    assert b_out.recv(100) == b"still here"
+    assert r.pairs == 1
+    for s in (a_out, b_out, c_out, d_out):
+        s.close()
+
+
 def _echo_server() -> socket.socket:
     srv = socket.create_server(("127.0.0.1", 0), backlog=512)
 
