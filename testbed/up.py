@@ -837,7 +837,8 @@ async def start_lighthouse(cfg: UpConfig, sup: Supervisor, secret: str) -> tuple
     """The run's Lighthouse, gated (agent.crosssite.gate) when the broker has a `secret`: then it answers only
     the sites the broker admitted. Returns (its address for the sites, the inner address or "")."""
     gated = ["--secret-env", "WEAVER_TIER_SECRET", "--bind-host", cfg.tier_host or cfg.host,
-             "--max-connections", str(gate_connections_for(cfg.sites))] if secret else []
+             "--max-connections", str(gate_connections_for(cfg.sites)),
+             "--live-epochs", str(max(1, cfg.xapp_replicas))] if secret else []
     lh = sup.start("lighthouse", [str(agent_python()), "-m", "agent.crosssite.lighthouse",
                                   "--port", str(free_port()), "--round-ms", str(cfg.round_ms), *gated],
                    env={"PYTHONPATH": str(ROOT), **({"WEAVER_TIER_SECRET": secret} if secret else {})})

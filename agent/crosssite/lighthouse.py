@@ -9,7 +9,7 @@ With `--secret-env NAME` (the variable holding the broker secret) it is gated (a
 torchft binary binds a loopback port and `--port` on `--bind-host` is a gate that lets through only hellos
 with a site's pass signed by the epoch's CA key, which it derives from that secret as the broker does
 (`schemas.tierpass.ca_seed`), of the newest epoch it has seen or a newer one (a restarted xApp's sites move
-on; a pass of an older epoch stops working), and
+on; a pass of an older epoch stops working; with `--live-epochs R`, R sharded replicas' epochs: `EpochKeys`), and
 of the Lighthouse only its gRPC: the /status page and /replica/<id>/kill are not served through it. (An xApp
 that keeps its epoch in SDL only moves forward; one without SDL starts again at epoch 1 after a restart, whose key
 this gate then refuses: restart the Lighthouse with it.) It prints
@@ -103,20 +103,31 @@ def _die_with_parent() -> None:
 
 
 class EpochKeys:
-    """The CA public key of an epoch, for the gate: only the newest epoch seen in a good hello, or a newer one."""
+    """The CA public key of an epoch, for the gate: the `live_epochs` newest epochs seen in a good hello, or a
+    newer one.
 
-    def __init__(self, secret: str):
+    One xApp has one broker epoch at a time: a restart takes the next, and the passes of the last are refused
+    from the first hello of the new one on. Sharded replicas (`controls.replicas`) each take an epoch of their
+    own from SDL, all of them live at once, and a restarted replica takes the newest; so the live epochs are
+    always among the `live_epochs` = replica-count newest, and the gate takes those (with one replica: only the
+    newest, as before). Refusing an older live one cut the sites of the lower-epoch replica out of the tier as
+    soon as a site of the other replica had passed."""
+
+    def __init__(self, secret: str, live_epochs: int = 1):
         from schemas.tierpass import ca_seed, public_key
 
         if not secret:
             raise ValueError("a gated Lighthouse needs the broker secret")
+        if live_epochs < 1:
+            raise ValueError("live_epochs must be at least 1")
         self._key = lambda epoch: public_key(ca_seed(secret, epoch))
+        self.live_epochs = live_epochs
         self.newest = 0
         self._lock = threading.Lock()
 
     def __call__(self, epoch: int) -> bytes | None:
         with self._lock:
-            if epoch < self.newest:
+            if epoch <= self.newest - self.live_epochs:
                 return None
             # the pass is checked after this: the ratchet moves only on a hello that passes (see `passed`)
             return self._key(epoch)
@@ -197,11 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--round-ms", type=int, default=0, help="derive both timeouts from the round length")
     ap.add_argument("--join-timeout-ms", type=int, default=1500)
     ap.add_argument("--heartbeat-timeout-ms", type=int, default=400)
+    ap.add_argument("--live-epochs", type=int, default=1,
+                    help="broker epochs live at once: the xApp's replica count (each replica has an epoch of its own)")
     ap.add_argument("--max-connections", type=int, default=256,
                     help="the gate's open connections at most (each site's Lighthouse client holds one)")
     args = ap.parse_args(argv)
-    if args.max_connections < 1:
-        ap.error("--max-connections must be at least 1")
+    if args.max_connections < 1 or args.live_epochs < 1:
+        ap.error("--max-connections and --live-epochs must be at least 1")
     if args.round_ms:
         cfg = LighthouseConfig.for_rounds(args.round_ms, port=args.port, min_replicas=args.min_replicas)
     else:
@@ -212,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         from agent.crosssite.gate import GateServer
 
         _room_for(2 * args.max_connections + 64)    # each connection is two descriptors (site, inner Lighthouse)
-        keys = EpochKeys(os.environ.get(args.secret_env, ""))
+        keys = EpochKeys(os.environ.get(args.secret_env, ""), args.live_epochs)
         lh = Lighthouse(replace(cfg, port=0)).start()
         gate_server = GateServer(args.bind_host, args.port, keys, {"lighthouse": lh.port}, grpc_only=("lighthouse",),
                                  max_connections=args.max_connections, name="lighthouse-gate", on_hello=lambda h: keys.passed(h.epoch))

@@ -94,3 +94,51 @@ def test_a_gated_lighthouse_quorums_only_the_sites_with_a_pass_of_its_epoch(repo
         tiers.stop()
         lh.terminate()
         lh.wait(10)
+
+
+def test_the_gate_takes_the_live_epochs_of_sharded_replicas_and_refuses_older_ones():
+    from agent.crosssite.lighthouse import EpochKeys
+
+    one, two = EpochKeys(SECRET), EpochKeys(SECRET, live_epochs=2)
+    for keys in (one, two):
+        keys.passed(6)
+    assert one(6) is not None and one(5) is None                    # one xApp: only its newest epoch
+    assert two(6) is not None and two(5) is not None and two(4) is None and two(7) is not None
+    two.passed(7)                                                   # replica of epoch 5 restarted as 7
+    assert two(5) is None and two(6) is not None
+    with pytest.raises(ValueError):
+        EpochKeys(SECRET, live_epochs=0)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("live_epochs", [2, 1])
+def test_sites_of_two_replicas_epochs_share_the_quorum_when_the_gate_takes_both(repo_root, live_epochs):
+    """Two sharded replicas, epochs 5 and 6: a site of the newer one passes the gate first, then the older one's
+    sites join. With --live-epochs 2 (weaver up passes its replica count) all three share a quorum; with 1 (a
+    single xApp's rule) the older epoch's sites are refused - the fault the 2 guards against."""
+    env = {**os.environ, "PYTHONPATH": str(repo_root), "WEAVER_TIER_SECRET": SECRET}
+    lh = subprocess.Popen([sys.executable, "-m", "agent.crosssite.lighthouse", "--port", str(_free_port()),
+                           "--round-ms", str(ROUND_MS), "--secret-env", "WEAVER_TIER_SECRET",
+                           "--live-epochs", str(live_epochs)],
+                          cwd=repo_root, stdout=subprocess.PIPE, text=True, env=env)
+    tiers = Tiers()
+    try:
+        head = lh.stdout.readline().split()
+        epoch_ms, now = int(time.time() * 1000), int(time.time())
+        newer = tierpass.issue(tierpass.ca_seed(SECRET, EPOCH + 1), EPOCH + 1, "site-b0", now + 600)
+        tiers.configure("site-b0", _config(head[1], epoch_ms, newer))
+        until(lambda: _last_quorum(tiers, "site-b0"), 40, "the newer epoch's site in a quorum")
+        older = [f"site-a{i}" for i in range(2)]
+        for s in older:
+            tiers.configure(s, _config(head[1], epoch_ms, tierpass.issue(tierpass.ca_seed(SECRET, EPOCH), EPOCH, s,
+                                                                          now + 600)))
+        if live_epochs == 2:
+            until(lambda: all((_last_quorum(tiers, s) or 0) == 3 for s in ["site-b0", *older]), 40,
+                  "a quorum of both replicas' sites")
+        else:
+            until(lambda: all(tiers.members[s].figures.failures >= 2 for s in older), 40, "the older epoch refused")
+            assert all(tiers.members[s].figures.quorums == 0 for s in older)
+    finally:
+        tiers.stop()
+        lh.terminate()
+        lh.wait(10)

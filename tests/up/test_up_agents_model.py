@@ -121,10 +121,12 @@ def test_model_agents_through_two_replicas_and_a_replica_kill(tmp_path, repo_roo
     # the killed replica has no /metrics at the end: the survivor's loop stepped
     assert sorted(st["steps"] > 0 for st in s["xapp_loop_steps"]) == [False, True], s["xapp_loop_steps"]
     assert "weaver up: done (agents model, 40 sites, 2 xApp replicas)" in proc.stdout
-    # every site was told to join the gated Lighthouse and did, with the pass its stream handed it (how many reach
-    # a quorum across a replica kill on a loaded host varies: 27 to 40 of 40 measured; test_tiermodel asserts quorums)
+    # every site was told to join the gated Lighthouse and did, with the pass its stream handed it, and every one
+    # reached a quorum: the gate takes both replicas' epochs (--live-epochs 2). With a single xApp's rule (only the
+    # newest epoch) the sites of the lower-epoch replica that connected after a site of the other had passed were
+    # refused: 27 of 40 reached a quorum in one CI run
     tier = a["tier"]
-    assert tier["sites_joined"] == n and tier["sites_refused"] == 0 and tier["quorums"] > 0, tier
+    assert tier["sites_joined"] == n and tier["sites_refused"] == 0 and tier["sites_in_a_quorum"] == n, tier
 
 
 def test_a_region_of_model_agents_gets_a_longer_heartbeat():
