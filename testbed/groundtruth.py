@@ -54,6 +54,10 @@ def _read(path: str) -> str | None:
         return None
 
 
+# the periods (the overrun one first) over which a kernel-repaid overrun must net out (AgentTruth.settle): a
+# 100 ms period's whole excess repaid by quota over the next two
+REPAY_WINDOW_PERIODS = 3
+
 PF_EXITING = 0x4   # include/linux/sched.h: the task is in do_exit (its memory being torn down)
 
 
@@ -334,6 +338,11 @@ class AgentTruth:
     recent: deque = field(default_factory=lambda: deque(maxlen=3))
     worst_periods: list = field(default_factory=list)
     _worst_after: int = 0
+    # Overruns the kernel repaid (see `settle`): the RAN misses in them, counted apart from the others
+    repaid_overrun_periods: int = 0
+    misses_in_repaid_overruns: int = 0
+    _last_sm_s: tuple = (0.0, 0.0)
+    _window: deque = field(default_factory=lambda: deque(maxlen=REPAY_WINDOW_PERIODS))
 
     def __post_init__(self) -> None:
         if self.meter_path:
@@ -392,7 +401,25 @@ class AgentTruth:
         self.beyond_lease_sms_max = max(self.beyond_lease_sms_max, beyond)
         self.idle.observe(sms, held, connected)
         self.last_sms = sms
+        self._last_sm_s = (sms * period_s, held * period_s)
         return sms
+
+    def settle(self, misses: int) -> None:
+        """The RAN misses the model charged to this agent's last `period` (its executed SMs). An overrun
+        period whose excess the kernel took back within the next periods (the window's executed SM·s at most
+        its leased SM·s) is a repaid overrun: CFS bandwidth throttles a task only on its way back to user
+        mode (Linux 6.18's task-based throttling), so a long stretch in the kernel runs past the quota and
+        the cgroup then sits throttled until the debt is paid. The misses stay in the RAN's tally; they are
+        also counted here apart, because a GPU partition has no such debt (an agent running outside its
+        leases never repays: its misses are never counted here)."""
+        self._window.append((*self._last_sm_s, misses))
+        if len(self._window) < REPAY_WINDOW_PERIODS:
+            return
+        first_exec, first_held, first_misses = self._window[0]
+        if first_exec > first_held and first_misses > 0 \
+                and sum(e for e, _, _ in self._window) <= sum(h for _, h, _ in self._window):
+            self.repaid_overrun_periods += 1
+            self.misses_in_repaid_overruns += first_misses
 
     def summary(self) -> dict:
         return {
@@ -418,6 +445,8 @@ class AgentTruth:
             "periods_beyond_lease": self.periods_beyond_lease,
             "worst_periods": self.worst_periods,
             "exit_teardown_sm_ms_beyond_lease": self.exit_teardown_sm_ms,
+            "repaid_overrun_periods": self.repaid_overrun_periods,
+            "deadline_misses_in_repaid_overruns": self.misses_in_repaid_overruns,
         }
 
 

@@ -253,3 +253,26 @@ def test_a_dying_workers_teardown_beyond_the_lease_is_kept_apart_and_a_zombie_re
         assert summ["sm_ms_beyond_lease_max"] == 0.0
     finally:
         _finish(p)
+
+
+def _periods(t: AgentTruth, cpu_lease_misses: list[tuple[float, float, int]]) -> None:
+    for cpu, lease, misses in cpu_lease_misses:   # 0.1 s periods, 1 core = 100 SMs: cpu 0.05 s is 50 SMs
+        t.period(0.1, lease_sms=lease, connected=True, cpu=cpu)
+        t.settle(misses)
+
+
+def test_an_overrun_the_kernel_repays_is_told_apart_and_training_outside_the_lease_is_not():
+    # the kernel's pattern (Linux 6.18, a long syscall past the CFS quota): 2.5x the lease, then throttled
+    repaid = AgentTruth(site=0, pid=os.getpid(), gpu_sms=100.0, cores=1)
+    _periods(repaid, [(0.03, 30.0, 0), (0.075, 30.0, 40), (0.0, 30.0, 0), (0.01, 30.0, 0)])
+    s = repaid.summary()
+    assert s["repaid_overrun_periods"] == 1 and s["deadline_misses_in_repaid_overruns"] == 40, s
+    # the fault: an agent running past its lease period after period repays nothing, so none is told apart
+    outside = AgentTruth(site=0, pid=os.getpid(), gpu_sms=100.0, cores=1)
+    _periods(outside, [(0.075, 30.0, 40)] * 6)
+    s = outside.summary()
+    assert s["repaid_overrun_periods"] == 0 and s["deadline_misses_in_repaid_overruns"] == 0, s
+    # nor one whose burst the next periods do not make up for (the window's executed above its lease)
+    partial = AgentTruth(site=0, pid=os.getpid(), gpu_sms=100.0, cores=1)
+    _periods(partial, [(0.075, 30.0, 40), (0.02, 30.0, 0), (0.02, 30.0, 0), (0.02, 30.0, 0)])
+    assert partial.summary()["deadline_misses_in_repaid_overruns"] == 0

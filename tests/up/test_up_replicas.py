@@ -35,7 +35,8 @@ def test_a_killed_replicas_sites_are_served_again_with_ran_first_kept(tmp_path, 
         # not before the dead replica's claims could end (renewed once a second with a 3 s lifetime: at least
         # 2 s after the kill), and well within the run
         assert 2.0 <= rep["served_again_s"][site] <= 15, rep["served_again_s"]
-    assert s["totals"]["deadline_misses_attributable_to_training"] == 0, s["totals"]
+    t = s["totals"]   # none but those in overruns the kernel repaid (testbed.groundtruth.AgentTruth.settle)
+    assert t["deadline_misses_attributable_to_training"] - t["deadline_misses_in_repaid_overruns"] == 0, t
     assert all(v["tokens_trained"] > 0 for v in s["sites"].values())
 
 

@@ -61,4 +61,5 @@ def test_an_xapp_killed_mid_run_comes_back_with_the_next_epoch_from_sdl(tmp_path
     assert len(epochs) == 2 and epochs[1] == epochs[0] + 1, (epochs, out[-2000:])
     assert not list(r.scan_iter(match="{" + namespace + "},*"))        # the run's namespace is removed
     s = json.loads((tmp_path / "s.json").read_text())
-    assert s["totals"]["deadline_misses_attributable_to_training"] == 0
+    t = s["totals"]   # none but those in overruns the kernel repaid (testbed.groundtruth.AgentTruth.settle)
+    assert t["deadline_misses_attributable_to_training"] - t["deadline_misses_in_repaid_overruns"] == 0, t

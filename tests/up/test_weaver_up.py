@@ -59,7 +59,10 @@ def test_weaver_up_30s(tmp_path, repo_root):
         # overrun past the guard: seen up to 16 of 60,000 slots in a fresh-clone CI run. Bounded here (an
         # agent training outside its leases would miss in most slots); `weaver bench safety` reports it.
         assert site["deadline_misses_attributable_to_reported_lease"] == 0, site
-        assert site["deadline_misses_attributable_to_training"] <= 1e-3 * site["slots"], \
+        # Apart from those, the misses in overruns the kernel repaid (a long stretch in the kernel runs past the
+        # CFS quota on Linux 6.18 and the cgroup then sits throttled: testbed.groundtruth.AgentTruth.settle)
+        assert (site["deadline_misses_attributable_to_training"] - site["deadline_misses_in_repaid_overruns"]
+                <= 1e-3 * site["slots"]), \
             ("the periods around the worst one beyond the lease", site["ground_truth"]["worst_periods"], site)
         assert site["sm_seconds_executed"] > 0 and site["ground_truth"]["source"], site
         # what ran beyond the held lease is part of what ran
