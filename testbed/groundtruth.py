@@ -54,9 +54,9 @@ def _read(path: str) -> str | None:
         return None
 
 
-# the periods (the overrun one first) over which a kernel-repaid overrun must net out (AgentTruth.settle): a
-# 100 ms period's whole excess repaid by quota over the next two
-REPAY_WINDOW_PERIODS = 3
+# the most periods (the overrun one first) within which a kernel-repaid overrun must net out
+# (AgentTruth.settle): 1 s of 100 ms periods, the longest debt a lease's quota takes back here
+REPAY_WINDOW_PERIODS = 10
 
 PF_EXITING = 0x4   # include/linux/sched.h: the task is in do_exit (its memory being torn down)
 
@@ -406,20 +406,25 @@ class AgentTruth:
 
     def settle(self, misses: int) -> None:
         """The RAN misses the model charged to this agent's last `period` (its executed SMs). An overrun
-        period whose excess the kernel took back within the next periods (the window's executed SM·s at most
-        its leased SM·s) is a repaid overrun: CFS bandwidth throttles a task only on its way back to user
-        mode (Linux 6.18's task-based throttling), so a long stretch in the kernel runs past the quota and
-        the cgroup then sits throttled until the debt is paid. The misses stay in the RAN's tally; they are
+        period whose excess the kernel took back within the next second (from it up to some later period,
+        executed SM·s at most leased SM·s) is a repaid overrun: CFS bandwidth throttles a task only on its
+        way back to user mode (Linux 6.18's task-based throttling), so a long stretch in the kernel runs
+        past the quota and the cgroup then sits throttled until the debt is paid. The misses stay in the RAN's tally; they are
         also counted here apart, because a GPU partition has no such debt (an agent running outside its
         leases never repays: its misses are never counted here)."""
         self._window.append((*self._last_sm_s, misses))
         if len(self._window) < REPAY_WINDOW_PERIODS:
             return
         first_exec, first_held, first_misses = self._window[0]
-        if first_exec > first_held and first_misses > 0 \
-                and sum(e for e, _, _ in self._window) <= sum(h for _, h, _ in self._window):
-            self.repaid_overrun_periods += 1
-            self.misses_in_repaid_overruns += first_misses
+        if first_exec <= first_held or first_misses == 0:
+            return
+        executed = held = 0.0
+        for e, h, _ in self._window:    # netted out by some later period of the window
+            executed, held = executed + e, held + h
+            if executed <= held:
+                self.repaid_overrun_periods += 1
+                self.misses_in_repaid_overruns += first_misses
+                return
 
     def summary(self) -> dict:
         return {

@@ -1403,7 +1403,10 @@ GROUND_TRUTH_NOTE = (
     "outside leases (Python loop, gRPC threads, idle polling), reported as ground_truth.idle_baseline_*, "
     "never subtracted; its start-up (model build, warm-up) before it connects precedes the world's first period "
     "and is reported as ground_truth.startup_cpu_s. sm_seconds_held_by_agent is the lease the agent reported holding; sm_ms_beyond_lease "
-    "is, per period, executed minus that lease when positive (max over periods and total).")
+    "is, per period, executed minus that lease when positive (max over periods and total). "
+    "deadline_misses_in_repaid_overruns (a part of those attributable to training) are the misses in periods "
+    "beyond the lease that the periods of the next second made up for (the kernel throttling the cgroup after a stretch "
+    "in the kernel ran past its CFS quota); they are in every miss count too.")
 
 
 def waterfall_line(wf: dict, top: int = 3) -> str:

@@ -264,15 +264,15 @@ def _periods(t: AgentTruth, cpu_lease_misses: list[tuple[float, float, int]]) ->
 def test_an_overrun_the_kernel_repays_is_told_apart_and_training_outside_the_lease_is_not():
     # the kernel's pattern (Linux 6.18, a long syscall past the CFS quota): 2.5x the lease, then throttled
     repaid = AgentTruth(site=0, pid=os.getpid(), gpu_sms=100.0, cores=1)
-    _periods(repaid, [(0.03, 30.0, 0), (0.075, 30.0, 40), (0.0, 30.0, 0), (0.01, 30.0, 0)])
+    _periods(repaid, [(0.03, 30.0, 0), (0.075, 30.0, 40), (0.0, 30.0, 0), (0.01, 30.0, 0)] + [(0.03, 30.0, 0)] * 10)
     s = repaid.summary()
     assert s["repaid_overrun_periods"] == 1 and s["deadline_misses_in_repaid_overruns"] == 40, s
     # the fault: an agent running past its lease period after period repays nothing, so none is told apart
     outside = AgentTruth(site=0, pid=os.getpid(), gpu_sms=100.0, cores=1)
-    _periods(outside, [(0.075, 30.0, 40)] * 6)
+    _periods(outside, [(0.075, 30.0, 40)] * 20)
     s = outside.summary()
     assert s["repaid_overrun_periods"] == 0 and s["deadline_misses_in_repaid_overruns"] == 0, s
-    # nor one whose burst the next periods do not make up for (the window's executed above its lease)
+    # nor a burst that the next second does not make up for (the agent at its lease after it)
     partial = AgentTruth(site=0, pid=os.getpid(), gpu_sms=100.0, cores=1)
-    _periods(partial, [(0.075, 30.0, 40), (0.02, 30.0, 0), (0.02, 30.0, 0), (0.02, 30.0, 0)])
+    _periods(partial, [(0.075, 30.0, 40)] + [(0.03, 30.0, 0)] * 15)
     assert partial.summary()["deadline_misses_in_repaid_overruns"] == 0
