@@ -416,7 +416,8 @@ class AgentTruth:
         if len(self._window) < REPAY_WINDOW_PERIODS:
             return
         first_exec, first_held, first_misses = self._window[0]
-        if first_exec <= first_held or first_misses == 0:
+        # with no lease the tree is frozen and runs up no debt: what it executed then is never a repaid overrun
+        if first_exec <= first_held or first_misses == 0 or first_held <= 0:
             return
         executed = held = 0.0
         for e, h, _ in self._window:    # netted out by some later period of the window

@@ -276,3 +276,7 @@ def test_an_overrun_the_kernel_repays_is_told_apart_and_training_outside_the_lea
     partial = AgentTruth(site=0, pid=os.getpid(), gpu_sms=100.0, cores=1)
     _periods(partial, [(0.075, 30.0, 40)] + [(0.03, 30.0, 0)] * 15)
     assert partial.summary()["deadline_misses_in_repaid_overruns"] == 0
+    # nor work with no lease at all (a frozen tree runs up no debt), however little runs under the next lease
+    unleased = AgentTruth(site=0, pid=os.getpid(), gpu_sms=100.0, cores=1)
+    _periods(unleased, [(0.0, 0.0, 0), (0.03, 0.0, 30)] + [(0.0, 0.0, 0)] + [(0.01, 30.0, 0)] * 12)
+    assert unleased.summary()["deadline_misses_in_repaid_overruns"] == 0
